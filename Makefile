@@ -1,0 +1,37 @@
+# Two commands do all the set-up: `make run` (the service on SQLite + local tiers)
+# and `make test` (the whole suite, SQLite and PostgreSQL).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format bench bench-register clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	CKPT_AUTH=$${CKPT_AUTH:-off} $(BIN)/ckpt serve
+
+test: $(STAMP)
+	$(BIN)/pytest -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff format --check app tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format app tests bench
+	$(BIN)/ruff check --fix app tests bench
+
+bench: bench-register
+
+bench-register: $(STAMP)
+	$(BIN)/python bench/register.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

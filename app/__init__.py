@@ -1,0 +1,1 @@
+"""Checkpoint retention and lifecycle management service."""

@@ -1,0 +1,107 @@
+"""Checkpoints: register, commit, list, get, pin."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from app.api.convert import checkpoint_read
+from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.schemas import (
+    CheckpointCommit,
+    CheckpointCreate,
+    CheckpointRead,
+    CheckpointState,
+    Name,
+    Page,
+    PinCreate,
+)
+from app.services import checkpoints
+from app.services.checkpoints import Registration
+
+router = APIRouter(tags=["checkpoints"])
+
+
+def _manifest(files: list[object] | None) -> list[dict[str, object]] | None:
+    return None if files is None else [f.model_dump() for f in files]  # type: ignore[attr-defined]
+
+
+@router.post(
+    "/v1/runs/{run_id}/checkpoints",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": CheckpointRead, "description": "already registered, same content"}},
+)
+def register_checkpoint(
+    run_id: str,
+    body: CheckpointCreate,
+    session: SessionDep,
+    tiers: TiersDep,
+    now: NowDep,
+    response: Response,
+) -> CheckpointRead:
+    registration = Registration(
+        step=body.step,
+        klass=body.class_,
+        uri=body.uri,
+        files=_manifest(body.files),  # type: ignore[arg-type]
+        size_bytes=body.size_bytes,
+        metrics=body.metrics,
+        labels=body.labels,
+        created_at=body.created_at,
+        committed=body.committed,
+    )
+    checkpoint, created = checkpoints.register_checkpoint(
+        session, tiers=tiers, run_id=run_id, reg=registration, now=now
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return checkpoint_read(checkpoint)
+
+
+@router.get("/v1/runs/{run_id}/checkpoints")
+def list_checkpoints(
+    run_id: str,
+    session: SessionDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    klass: Annotated[Name | None, Query(alias="class")] = None,
+    state: CheckpointState | None = None,
+) -> Page[CheckpointRead]:
+    items, next_cursor = checkpoints.list_checkpoints(
+        session, run_id=run_id, klass=klass, state=state, limit=limit, cursor=cursor
+    )
+    return Page[CheckpointRead](items=[checkpoint_read(c) for c in items], next_cursor=next_cursor)
+
+
+@router.get("/v1/checkpoints/{checkpoint_id}")
+def get_checkpoint(checkpoint_id: str, session: SessionDep) -> CheckpointRead:
+    return checkpoint_read(checkpoints.get_checkpoint(session, checkpoint_id))
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/commit")
+def commit_checkpoint(
+    checkpoint_id: str, body: CheckpointCommit, session: SessionDep, tiers: TiersDep, now: NowDep
+) -> CheckpointRead:
+    checkpoint = checkpoints.commit_checkpoint(
+        session,
+        tiers=tiers,
+        checkpoint_id=checkpoint_id,
+        files=_manifest(body.files),  # type: ignore[arg-type]
+        size_bytes=body.size_bytes,
+        metrics=body.metrics,
+        now=now,
+    )
+    return checkpoint_read(checkpoint)
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/pin")
+def pin_checkpoint(checkpoint_id: str, body: PinCreate, session: SessionDep) -> CheckpointRead:
+    return checkpoint_read(
+        checkpoints.set_pin(session, checkpoint_id=checkpoint_id, reason=body.reason)
+    )
+
+
+@router.delete("/v1/checkpoints/{checkpoint_id}/pin")
+def unpin_checkpoint(checkpoint_id: str, session: SessionDep) -> CheckpointRead:
+    return checkpoint_read(checkpoints.set_pin(session, checkpoint_id=checkpoint_id, reason=None))

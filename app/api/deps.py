@@ -1,0 +1,41 @@
+"""Annotated dependency aliases: the request owns the transaction, services only flush."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, Query, Request
+from sqlalchemy.orm import Session
+
+from app.domain.tier import Tier
+from app.services.pagination import MAX_LIMIT
+
+
+def _session(request: Request) -> Iterator[Session]:
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+async def _tiers(request: Request) -> list[Tier]:
+    tiers: list[Tier] = request.app.state.tiers
+    return tiers
+
+
+async def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+TiersDep = Annotated[list[Tier], Depends(_tiers)]
+NowDep = Annotated[datetime, Depends(_now)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size, at most 1000")]
+Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor of the last page")]

@@ -1,0 +1,74 @@
+"""Every error leaves as application/problem+json (RFC 9457), naming the field at fault."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.domain.errors import AppError
+
+PROBLEM = "application/problem+json"
+log = logging.getLogger("app.api")
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")] or list(loc)
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+async def _app_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, AppError)
+    extra = {"field": error.field} if error.field else {}
+    detail = f"{error.field}: {error.message}" if error.field else error.message
+    return problem(error.status, error.title, detail, **extra)
+
+
+async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    items = []
+    malformed = False
+    for item in error.errors():
+        if item.get("type") == "json_invalid":
+            malformed = True
+        field = _field(tuple(item.get("loc", ())))
+        items.append({"field": field, "message": str(item.get("msg", "invalid"))})
+    detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:10])
+    if malformed:
+        return problem(400, "Malformed JSON", detail, errors=items)
+    return problem(
+        422,
+        "Unprocessable entity",
+        detail,
+        field=items[0]["field"] if items else None,
+        errors=items,
+    )
+
+
+async def _http_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    return problem(error.status_code, str(error.detail), str(error.detail))
+
+
+async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=error)
+    return problem(500, "Internal server error", "the service failed; see its logs")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(AppError, _app_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,49 @@
+"""Runs: idempotent create, list, get, patch."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from app.api.convert import run_read
+from app.api.deps import Cursor, Limit, NowDep, SessionDep
+from app.api.schemas import Name, Page, RunCreate, RunRead, RunStatus, RunUpdate
+from app.services import runs
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": RunRead, "description": "the run already existed"}},
+)
+def create_run(body: RunCreate, session: SessionDep, now: NowDep, response: Response) -> RunRead:
+    view, created = runs.create_run(session, **body.model_dump(), now=now)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return run_read(view)
+
+
+@router.get("")
+def list_runs(
+    session: SessionDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    project: Name | None = None,
+    status: RunStatus | None = None,
+) -> Page[RunRead]:
+    views, next_cursor = runs.list_runs(
+        session, project=project, status=status, limit=limit, cursor=cursor
+    )
+    return Page[RunRead](items=[run_read(v) for v in views], next_cursor=next_cursor)
+
+
+@router.get("/{run_id}")
+def get_run(run_id: str, session: SessionDep) -> RunRead:
+    return run_read(runs.get_run(session, run_id))
+
+
+@router.patch("/{run_id}")
+def update_run(run_id: str, body: RunUpdate, session: SessionDep, now: NowDep) -> RunRead:
+    changes = body.model_dump(exclude_unset=True)
+    return run_read(runs.update_run(session, run_id=run_id, changes=changes, now=now))

@@ -1,0 +1,179 @@
+"""Request and response bodies of API v1. Unknown fields are refused so typos surface."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+MAX_INT64 = 2**63 - 1
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, examples=["llama-70b"])]
+RunStatus = Literal["active", "completed", "failed"]
+CheckpointState = Literal["writing", "active", "trashed", "deleted"]
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+LabelKey = Annotated[str, Field(min_length=1, max_length=63)]
+LabelValue = Annotated[str, Field(max_length=256)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
+
+
+def _finite(value: dict[str, float]) -> dict[str, float]:
+    for name, number in value.items():
+        if not math.isfinite(number):
+            raise ValueError(f"metric {name!r} must be a finite number")
+    return value
+
+
+Metrics = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=63)], float],
+    Field(max_length=256),
+    AfterValidator(_finite),
+]
+
+
+def _utc(value: datetime) -> datetime:
+    """Timestamps are UTC; a value without an offset is taken as UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunCreate(Strict):
+    project: Name
+    name: Name
+    labels: Labels = Field(default_factory=dict)
+    policy: Name | None = None
+    resumed_from: Annotated[str, Field(max_length=40)] | None = None
+
+
+class RunUpdate(Strict):
+    status: RunStatus | None = None
+    labels: Labels | None = None
+    policy: Name | None = None
+    resumed_from: Annotated[str, Field(max_length=40)] | None = None
+    ended_at: Timestamp | None = None
+
+
+class RunRead(BaseModel):
+    id: str
+    project: str
+    name: str
+    status: RunStatus
+    labels: dict[str, str]
+    policy: str | None
+    resumed_from: str | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class FileEntry(Strict):
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    size_bytes: Count
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    crc32c: Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")] | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or "\\" in value or "\x00" in value:
+            raise ValueError("must be a relative path with '/' separators")
+        parts = value.split("/")
+        if ".." in parts or "." in parts or "" in parts:
+            raise ValueError("must not contain '..', '.' or empty segments")
+        return value
+
+
+Manifest = Annotated[list[FileEntry], Field(max_length=100_000)]
+
+
+class CheckpointCreate(Strict):
+    step: Count
+    class_: Annotated[Name, Field(alias="class")]
+    uri: Annotated[str, Field(min_length=1, max_length=2048)]
+    files: Manifest | None = None
+    size_bytes: Count | None = None
+    metrics: Metrics = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
+    created_at: Timestamp | None = None
+    committed: bool = True
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CheckpointCommit(Strict):
+    files: Manifest | None = None
+    size_bytes: Count | None = None
+    metrics: Metrics | None = None
+
+
+class PinCreate(Strict):
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+class LocationRead(BaseModel):
+    tier: str
+    uri: str
+    storage_class: str | None
+    role: Literal["primary", "replica"]
+
+
+class CheckpointRead(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: str
+    run_id: str
+    step: int
+    class_: str = Field(alias="class", serialization_alias="class")
+    state: CheckpointState
+    uri: str
+    size_bytes: int
+    files: list[dict[str, Any]] | None
+    metrics: dict[str, float]
+    labels: dict[str, str]
+    pinned: bool
+    pin_reason: str | None
+    created_at: datetime
+    tier: str | None
+    locations: list[LocationRead]
+
+
+class PriceRead(BaseModel):
+    storage_gb_month: float
+    retrieval_gb: float
+    egress_gb: float
+    min_storage_days: int
+
+
+class TierUsage(BaseModel):
+    bytes: int
+    checkpoints: int
+
+
+class TierRead(BaseModel):
+    name: str
+    url: str
+    rank: int
+    storage_class: str | None
+    endpoint_url: str | None
+    price: PriceRead
+    usage: TierUsage
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]

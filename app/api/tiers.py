@@ -1,0 +1,38 @@
+"""Tiers with their usage, and liveness."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter
+
+from app.api.deps import SessionDep, TiersDep
+from app.api.schemas import Health, Page, PriceRead, TierRead, TierUsage
+from app.services.tiers import tier_usage
+
+router = APIRouter(tags=["tiers"])
+
+
+@router.get("/v1/tiers")
+def list_tiers(session: SessionDep, tiers: TiersDep) -> Page[TierRead]:
+    usage = tier_usage(session)
+    items = [
+        TierRead(
+            name=tier.name,
+            url=tier.url,
+            rank=tier.rank,
+            storage_class=tier.storage_class,
+            endpoint_url=tier.endpoint_url,
+            price=PriceRead(**asdict(tier.price)),
+            usage=TierUsage(
+                bytes=usage.get(tier.name, (0, 0))[0], checkpoints=usage.get(tier.name, (0, 0))[1]
+            ),
+        )
+        for tier in tiers
+    ]
+    return Page[TierRead](items=items, next_cursor=None)
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> Health:
+    return Health(status="ok")

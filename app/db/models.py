@@ -1,0 +1,144 @@
+"""Catalog tables. Sized for millions of checkpoints: every query the engine and the
+API make per run or per tier has an index; the file manifest is one JSON value per
+checkpoint (it is read and written whole, never queried by file)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from app.db.types import UTCDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID = String(40)
+NAME = String(63)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(NAME, unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        UniqueConstraint("project_id", "name"),
+        Index("ix_runs_status_ended_at", "status", "ended_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(NAME)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    policy: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    resumed_from: Mapped[str | None] = mapped_column(ID, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    project: Mapped[Project] = relationship(lazy="raise")
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (
+        UniqueConstraint("run_id", "step"),
+        Index("ix_checkpoints_state_trashed_at", "state", "trashed_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    klass: Mapped[str] = mapped_column("class", NAME)
+    state: Mapped[str] = mapped_column(String(16))
+    uri: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    files: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    pin_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    committed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    trashed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    locations: Mapped[list[Location]] = relationship(
+        lazy="raise", order_by="Location.id", cascade="all, delete-orphan"
+    )
+
+
+class Location(Base):
+    """Where a checkpoint's bytes are; exactly one `primary` per checkpoint."""
+
+    __tablename__ = "locations"
+    __table_args__ = (
+        UniqueConstraint("checkpoint_id", "tier"),
+        Index("ix_locations_tier_role", "tier", "role"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"))
+    tier: Mapped[str] = mapped_column(NAME)
+    uri: Mapped[str] = mapped_column(Text)
+    storage_class: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    role: Mapped[str] = mapped_column(String(16))
+
+
+class Action(Base):
+    """One row of the action ledger: every change to storage goes through here."""
+
+    __tablename__ = "actions"
+    __table_args__ = (
+        Index("ix_actions_state_due_at", "state", "due_at"),
+        Index("ix_actions_checkpoint_id_state", "checkpoint_id", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    from_tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    to_tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    rule: Mapped[str] = mapped_column(String(140))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    step: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    sweep_id: Mapped[str | None] = mapped_column(ID, nullable=True, index=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    due_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -1,0 +1,29 @@
+"""Durations as the contract writes them: `90s`, `15m`, `12h`, `30d`, `0s`."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PATTERN = re.compile(r"^(\d{1,9})([smhdw])$")
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a duration string; raises ValueError with a readable message."""
+    match = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"malformed duration {text!r}: expected a whole number and a unit s, m, h, d or w "
+            "(e.g. 90s, 15m, 12h, 30d)"
+        )
+    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_duration(value: timedelta) -> str:
+    """Inverse of parse_duration, choosing the largest exact unit."""
+    seconds = int(value.total_seconds())
+    for unit in ("w", "d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s"

@@ -1,0 +1,147 @@
+"""Tiers and where a URI lives: pure code, no I/O except the symlink check in `locate`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from app.domain.errors import Invalid
+
+SCHEMES = ("file", "s3", "gs")
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    storage_gb_month: float = 0.0
+    retrieval_gb: float = 0.0
+    egress_gb: float = 0.0
+    min_storage_days: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedUrl:
+    """A storage URL split into scheme, container (bucket; empty for file) and path."""
+
+    scheme: str
+    bucket: str
+    path: str  # file: absolute path without trailing slash; objects: key prefix, no slashes around
+
+    def join(self, relative: str) -> str:
+        relative = relative.strip("/")
+        if self.scheme == "file":
+            base = self.path.rstrip("/") or ""
+            return f"file://{base}/{relative}" if relative else f"file://{self.path}"
+        prefix = "/".join(p for p in (self.path, relative) if p)
+        return (
+            f"{self.scheme}://{self.bucket}/{prefix}"
+            if prefix
+            else f"{self.scheme}://{self.bucket}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    name: str
+    url: str
+    rank: int  # 0 = hottest
+    storage_class: str | None = None
+    endpoint_url: str | None = None
+    price: Price = field(default_factory=Price)
+
+    @property
+    def parsed(self) -> ParsedUrl:
+        return parse_url(self.url, field_name="url")
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith("file://")
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A URI resolved to its tier: `key` is the path relative to the tier's url."""
+
+    tier: Tier
+    uri: str
+    key: str
+
+
+def parse_url(url: str, *, field_name: str) -> ParsedUrl:
+    """Split and sanitise a storage URL; raises Invalid naming `field_name`."""
+    if not isinstance(url, str) or not url:
+        raise Invalid("must be a non-empty URI", field=field_name)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise Invalid(
+            f"unsupported scheme {parts.scheme!r} in {url!r}: use file://, s3:// or gs://",
+            field=field_name,
+        )
+    if parts.query or parts.fragment:
+        raise Invalid(f"{url!r} must not carry a query or fragment", field=field_name)
+    raw_path = unquote(parts.path)
+    if "\x00" in raw_path:
+        raise Invalid("must not contain NUL bytes", field=field_name)
+    segments = [s for s in raw_path.split("/") if s not in ("", ".")]
+    if ".." in segments:
+        raise Invalid(f"'..' is not allowed in {url!r}", field=field_name)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise Invalid(f"file URI {url!r} must name a local path", field=field_name)
+        if not raw_path.startswith("/"):
+            raise Invalid(f"file URI {url!r} must be absolute", field=field_name)
+        return ParsedUrl("file", "", "/" + "/".join(segments))
+    if not parts.netloc:
+        raise Invalid(f"{url!r} names no bucket", field=field_name)
+    return ParsedUrl(scheme, parts.netloc, "/".join(segments))
+
+
+def _under(child: ParsedUrl, parent: ParsedUrl) -> str | None:
+    """The key of `child` relative to `parent`, or None when it lies outside."""
+    if child.scheme != parent.scheme or child.bucket != parent.bucket:
+        return None
+    if child.scheme == "file":
+        base = parent.path.rstrip("/")
+        if child.path == base or base == "":
+            return child.path[len(base) :].strip("/")
+        if child.path.startswith(base + "/"):
+            return child.path[len(base) + 1 :]
+        return None
+    if not parent.path:
+        return child.path
+    if child.path == parent.path:
+        return ""
+    if child.path.startswith(parent.path + "/"):
+        return child.path[len(parent.path) + 1 :]
+    return None
+
+
+def locate(uri: str, tiers: list[Tier], *, field_name: str = "uri") -> Located:
+    """Resolve `uri` to the tier whose url is its longest prefix.
+
+    Refuses (Invalid) unknown schemes, `..`, URIs under no tier, the tier root
+    itself, and local paths whose symlinks lead outside the tier.
+    """
+    parsed = parse_url(uri, field_name=field_name)
+    best: tuple[int, Tier, str] | None = None
+    for tier in tiers:
+        tier_url = tier.parsed
+        key = _under(parsed, tier_url)
+        if key is not None and (best is None or len(tier_url.path) > best[0]):
+            best = (len(tier_url.path), tier, key)
+    if best is None:
+        raise Invalid(f"{uri!r} lies under no configured tier", field=field_name)
+    _, tier, key = best
+    if not key:
+        raise Invalid(
+            f"{uri!r} is the root of tier {tier.name!r}, not a checkpoint", field=field_name
+        )
+    if parsed.scheme == "file":
+        root = os.path.realpath(tier.parsed.path)
+        real = os.path.realpath(parsed.path)
+        if real != root and not real.startswith(root.rstrip("/") + "/"):
+            raise Invalid(
+                f"{uri!r} leads outside tier {tier.name!r} through a symlink", field=field_name
+            )
+    return Located(tier=tier, uri=tier.parsed.join(key), key=key)

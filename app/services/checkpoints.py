@@ -1,0 +1,234 @@
+"""Use cases for checkpoints: idempotent registration, two-phase commit, pins, listing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from app.db.models import Checkpoint, Location
+from app.domain.errors import Conflict, NotFound
+from app.domain.ids import new_id
+from app.domain.tier import Tier, locate
+from app.services.manifest import list_manifest, normalise, require_exists, same_files, total_size
+from app.services.pagination import decode_cursor, encode_cursor
+from app.services.runs import get_run
+from app.services.upsert import insert_ignoring_conflicts
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    step: int
+    klass: str
+    uri: str
+    files: list[dict[str, Any]] | None
+    size_bytes: int | None
+    metrics: dict[str, float]
+    labels: dict[str, str]
+    created_at: datetime | None
+    committed: bool
+
+
+def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
+    checkpoint = session.execute(
+        select(Checkpoint)
+        .where(Checkpoint.id == checkpoint_id)
+        .options(selectinload(Checkpoint.locations))
+    ).scalar_one_or_none()
+    if checkpoint is None:
+        raise NotFound(f"no checkpoint has id {checkpoint_id!r}", field="checkpoint_id")
+    return checkpoint
+
+
+def _by_step(session: Session, run_id: str, step: int) -> Checkpoint | None:
+    return session.execute(
+        select(Checkpoint)
+        .where(Checkpoint.run_id == run_id, Checkpoint.step == step)
+        .options(selectinload(Checkpoint.locations))
+    ).scalar_one_or_none()
+
+
+def _check_same_content(existing: Checkpoint, reg: Registration, uri: str, files: Any) -> None:
+    problems = []
+    if existing.klass != reg.klass:
+        problems.append(f"class {existing.klass!r}")
+    if existing.uri != uri:
+        problems.append(f"uri {existing.uri!r}")
+    if not same_files(existing.files, files):
+        problems.append("a different manifest")
+    elif reg.size_bytes is not None and existing.files and existing.size_bytes != reg.size_bytes:
+        problems.append(f"size_bytes {existing.size_bytes}")
+    if problems:
+        raise Conflict(
+            f"step {existing.step} of this run is already registered with {', '.join(problems)}",
+            field="step",
+        )
+
+
+def register_checkpoint(
+    session: Session, *, tiers: list[Tier], run_id: str, reg: Registration, now: datetime
+) -> tuple[Checkpoint, bool]:
+    """Register a checkpoint; returns it and whether it was created.
+
+    Idempotent: the same step with the same content returns the existing checkpoint;
+    different content raises Conflict. Concurrent identical calls leave one row.
+    """
+    get_run(session, run_id)
+    located = locate(reg.uri, tiers)
+    files = normalise(reg.files) if reg.files is not None else None
+    if files is None:
+        existing = _by_step(session, run_id, reg.step)
+        if existing is not None:
+            _check_same_content(existing, reg, located.uri, None)
+            return _commit_if_writing(session, existing, reg, located, None, now), False
+        if reg.committed:
+            files = list_manifest(located)
+    elif reg.committed:
+        require_exists(located)
+    size = total_size(files, reg.size_bytes)
+    checkpoint_id = new_id("ckpt")
+    inserted = session.execute(
+        insert_ignoring_conflicts(session, Checkpoint)
+        .values(
+            id=checkpoint_id,
+            run_id=run_id,
+            step=reg.step,
+            **{"class": reg.klass},
+            state="active" if reg.committed else "writing",
+            uri=located.uri,
+            size_bytes=size,
+            files=files,
+            metrics=reg.metrics,
+            labels=reg.labels,
+            pinned=False,
+            created_at=reg.created_at or now,
+            registered_at=now,
+            committed_at=now if reg.committed else None,
+        )
+        .returning(Checkpoint.__table__.c.id)
+    ).scalar_one_or_none()
+    if inserted is None:
+        existing = _by_step(session, run_id, reg.step)
+        assert existing is not None  # the conflicting row is committed, or we would have waited
+        _check_same_content(existing, reg, located.uri, files)
+        return _commit_if_writing(session, existing, reg, located, files, now), False
+    session.execute(
+        insert_ignoring_conflicts(session, Location).values(
+            checkpoint_id=checkpoint_id,
+            tier=located.tier.name,
+            uri=located.uri,
+            storage_class=located.tier.storage_class,
+            role="primary",
+        )
+    )
+    return get_checkpoint(session, checkpoint_id), True
+
+
+def _commit_if_writing(
+    session: Session,
+    checkpoint: Checkpoint,
+    reg: Registration,
+    located: Any,
+    files: Any,
+    now: datetime,
+) -> Checkpoint:
+    """A committed re-registration of a reserved step commits it."""
+    if checkpoint.state != "writing" or not reg.committed:
+        return checkpoint
+    if files is None:
+        files = list_manifest(located)
+    _apply_commit(checkpoint, files=files, size_bytes=reg.size_bytes, metrics=None, now=now)
+    session.flush()
+    return checkpoint
+
+
+def _apply_commit(
+    checkpoint: Checkpoint,
+    *,
+    files: list[dict[str, Any]],
+    size_bytes: int | None,
+    metrics: dict[str, float] | None,
+    now: datetime,
+) -> None:
+    checkpoint.files = files
+    checkpoint.size_bytes = total_size(files, size_bytes)
+    if metrics is not None:
+        checkpoint.metrics = {**checkpoint.metrics, **metrics}
+    checkpoint.state = "active"
+    checkpoint.committed_at = now
+
+
+def commit_checkpoint(
+    session: Session,
+    *,
+    tiers: list[Tier],
+    checkpoint_id: str,
+    files: list[dict[str, Any]] | None,
+    size_bytes: int | None,
+    metrics: dict[str, float] | None,
+    now: datetime,
+) -> Checkpoint:
+    """Turn a `writing` checkpoint `active`. Repeating the commit of an active one is a no-op
+    when the manifest agrees; committing a trashed or deleted one is a Conflict."""
+    checkpoint = get_checkpoint(session, checkpoint_id)
+    manifest = normalise(files) if files is not None else None
+    if checkpoint.state == "active":
+        if not same_files(checkpoint.files, manifest):
+            raise Conflict(
+                "checkpoint is already committed with a different manifest", field="files"
+            )
+        return checkpoint
+    if checkpoint.state != "writing":
+        raise Conflict(f"checkpoint is {checkpoint.state}, not writing", field="state")
+    located = locate(checkpoint.uri, tiers)
+    if manifest is None:
+        manifest = list_manifest(located)
+    else:
+        require_exists(located)
+    _apply_commit(checkpoint, files=manifest, size_bytes=size_bytes, metrics=metrics, now=now)
+    session.flush()
+    return checkpoint
+
+
+def list_checkpoints(
+    session: Session,
+    *,
+    run_id: str,
+    klass: str | None,
+    state: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Checkpoint], str | None]:
+    """A run's checkpoints, newest step first, every state unless filtered."""
+    get_run(session, run_id)
+    stmt = (
+        select(Checkpoint)
+        .where(Checkpoint.run_id == run_id)
+        .order_by(Checkpoint.step.desc())
+        .limit(limit + 1)
+        .options(selectinload(Checkpoint.locations))
+    )
+    if klass is not None:
+        stmt = stmt.where(Checkpoint.klass == klass)
+    if state is not None:
+        stmt = stmt.where(Checkpoint.state == state)
+    if cursor is not None:
+        (last_step,) = decode_cursor(cursor, int)
+        stmt = stmt.where(Checkpoint.step < last_step)
+    rows = list(session.execute(stmt).scalars())
+    page = rows[:limit]
+    return page, encode_cursor(page[-1].step) if len(rows) > limit else None
+
+
+def set_pin(session: Session, *, checkpoint_id: str, reason: str | None) -> Checkpoint:
+    """Pin (reason given) or unpin (None). Idempotent."""
+    checkpoint = get_checkpoint(session, checkpoint_id)
+    if reason is not None and checkpoint.state == "deleted":
+        raise Conflict("a deleted checkpoint has no bytes left to pin", field="checkpoint_id")
+    checkpoint.pinned = reason is not None
+    checkpoint.pin_reason = reason
+    session.flush()
+    return checkpoint

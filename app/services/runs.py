@@ -1,0 +1,130 @@
+"""Use cases for runs: idempotent create, list, update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import Checkpoint, Project, Run
+from app.domain.errors import Invalid, NotFound
+from app.domain.ids import new_id
+from app.services.pagination import decode_cursor, encode_cursor
+from app.services.upsert import insert_ignoring_conflicts
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    run: Run
+    project: str
+
+
+def _project_id(session: Session, name: str, now: datetime) -> int:
+    stmt = insert_ignoring_conflicts(session, Project).values(name=name, created_at=now)
+    session.execute(stmt)
+    return session.execute(select(Project.id).where(Project.name == name)).scalar_one()
+
+
+def _check_resumed_from(session: Session, checkpoint_id: str | None) -> None:
+    if checkpoint_id is not None and session.get(Checkpoint, checkpoint_id) is None:
+        raise Invalid(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
+
+
+def create_run(
+    session: Session,
+    *,
+    project: str,
+    name: str,
+    labels: dict[str, str],
+    policy: str | None,
+    resumed_from: str | None,
+    now: datetime,
+) -> tuple[RunView, bool]:
+    """Create the run, or return the existing one of that project and name (created=False)."""
+    project_id = _project_id(session, project, now)
+    existing = session.execute(
+        select(Run).where(Run.project_id == project_id, Run.name == name)
+    ).scalar_one_or_none()
+    if existing is not None:
+        return RunView(existing, project), False
+    _check_resumed_from(session, resumed_from)
+    run_id = new_id("run")
+    stmt = insert_ignoring_conflicts(session, Run).values(
+        id=run_id,
+        project_id=project_id,
+        name=name,
+        status="active",
+        labels=labels,
+        policy=policy,
+        resumed_from=resumed_from,
+        started_at=now,
+    )
+    session.execute(stmt)
+    run = session.execute(
+        select(Run).where(Run.project_id == project_id, Run.name == name)
+    ).scalar_one()
+    return RunView(run, project), run.id == run_id
+
+
+def get_run(session: Session, run_id: str) -> RunView:
+    row = session.execute(
+        select(Run, Project.name).join(Project).where(Run.id == run_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"no run has id {run_id!r}", field="run_id")
+    return RunView(row[0], row[1])
+
+
+def list_runs(
+    session: Session,
+    *,
+    project: str | None,
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[RunView], str | None]:
+    """Newest run first."""
+    stmt = select(Run, Project.name).join(Project).order_by(Run.id.desc()).limit(limit + 1)
+    if project is not None:
+        stmt = stmt.where(Project.name == project)
+    if status is not None:
+        stmt = stmt.where(Run.status == status)
+    if cursor is not None:
+        (last_id,) = decode_cursor(cursor, str)
+        stmt = stmt.where(Run.id < last_id)
+    rows = session.execute(stmt).all()
+    views = [RunView(run, name) for run, name in rows[:limit]]
+    next_cursor = encode_cursor(views[-1].run.id) if len(rows) > limit else None
+    return views, next_cursor
+
+
+def update_run(session: Session, *, run_id: str, changes: dict[str, Any], now: datetime) -> RunView:
+    """Apply a PATCH. Ending a run stamps `ended_at` (now unless given); reopening clears it."""
+    view = get_run(session, run_id)
+    run = view.run
+    if "resumed_from" in changes:
+        _check_resumed_from(session, changes["resumed_from"])
+    status = changes.get("status") or run.status
+    if "ended_at" in changes and changes["ended_at"] is not None and status == "active":
+        raise Invalid(
+            "an active run has no end: set status to completed or failed", field="ended_at"
+        )
+    for key in ("labels", "policy", "resumed_from"):
+        if key in changes:
+            if key == "labels" and changes[key] is None:
+                raise Invalid("must be an object of strings", field="labels")
+            setattr(run, key, changes[key])
+    if "status" in changes and changes["status"] is None:
+        raise Invalid("must be one of active, completed, failed", field="status")
+    if status == "active":
+        run.ended_at = None
+    elif changes.get("ended_at") is not None:
+        run.ended_at = changes["ended_at"]
+    elif run.status == "active" or run.ended_at is None:
+        run.ended_at = now
+    run.status = status
+    session.flush()
+    return view

@@ -1,0 +1,21 @@
+"""Tier usage: what each tier holds right now."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Checkpoint, Location
+
+BILLED_STATES = ("active", "trashed")  # trashed bytes are still on disk and still billed
+
+
+def tier_usage(session: Session) -> dict[str, tuple[int, int]]:
+    """tier name -> (bytes, checkpoints) over every location of a live or trashed checkpoint."""
+    rows = session.execute(
+        select(Location.tier, func.coalesce(func.sum(Checkpoint.size_bytes), 0), func.count())
+        .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
+        .where(Checkpoint.state.in_(BILLED_STATES))
+        .group_by(Location.tier)
+    ).all()
+    return {tier: (int(size), int(count)) for tier, size, count in rows}

@@ -1,0 +1,85 @@
+"""Service configuration: every `CKPT_*` variable of the contract, validated at start."""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.domain.duration import parse_duration
+
+ENV_PREFIX = "CKPT_"
+
+
+def _duration(value: object) -> object:
+    return parse_duration(value) if isinstance(value, str) else value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    database_url: str = "sqlite:///./var/ckpt.db"
+    data_dir: Path = Path("./var/data")
+    tiers_file: Path | None = None
+    policies_dir: Path = Path("./policies")
+    sweep_interval: Duration = timedelta(minutes=5)
+    trash_retention: Duration = timedelta(days=7)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth: Literal["on", "off"] = "on"
+    bootstrap_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _auth_off_only_on_loopback(self) -> Settings:
+        if self.auth == "off" and not is_loopback(self.host):
+            raise ValueError(
+                f"CKPT_AUTH=off is refused unless CKPT_HOST is a loopback address "
+                f"(got {self.host!r})"
+            )
+        if self.sweep_interval <= timedelta(0):
+            raise ValueError("CKPT_SWEEP_INTERVAL must be longer than 0s")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"CKPT_PORT must be between 1 and 65535 (got {self.port})")
+        return self
+
+
+class SettingsError(Exception):
+    """A configuration value is wrong; the message names the variable."""
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        name = ENV_PREFIX + str(item["loc"][0]).upper() if item["loc"] else "settings"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{name}: {message}" if item["loc"] else message)
+    return "; ".join(lines)
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingsError(describe_validation_error(error)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return load_settings()

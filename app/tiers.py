@@ -1,0 +1,120 @@
+"""The tier list: the four default local tiers, or a validated tiers YAML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.domain.errors import Invalid
+from app.domain.tier import Price, Tier, parse_url
+from app.settings import Settings
+
+DEFAULT_TIER_NAMES = ("hot", "warm", "cold", "archive")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class TiersFileError(Exception):
+    """The tiers file is unreadable or invalid; the message names the file and field."""
+
+
+class PriceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    storage_gb_month: Annotated[float, Field(ge=0)] = 0.0
+    retrieval_gb: Annotated[float, Field(ge=0)] = 0.0
+    egress_gb: Annotated[float, Field(ge=0)] = 0.0
+    min_storage_days: Annotated[int, Field(ge=0)] = 0
+
+
+class TierConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    url: str
+    storage_class: str | None = None
+    endpoint_url: str | None = None
+    price: PriceConfig = PriceConfig()
+
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, value: str) -> str:
+        try:
+            parse_url(value, field_name="url")
+        except Invalid as error:
+            raise ValueError(error.message) from None
+        return value.rstrip("/")
+
+
+class TiersConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tiers: Annotated[list[TierConfig], Field(min_length=1)]
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique_names(cls, value: list[TierConfig]) -> list[TierConfig]:
+        seen: set[str] = set()
+        for tier in value:
+            if tier.name in seen:
+                raise ValueError(f"tier name {tier.name!r} appears twice")
+            seen.add(tier.name)
+        return value
+
+
+def _to_tier(config: TierConfig, rank: int) -> Tier:
+    return Tier(
+        name=config.name,
+        url=config.url,
+        rank=rank,
+        storage_class=config.storage_class,
+        endpoint_url=config.endpoint_url,
+        price=Price(**config.price.model_dump()),
+    )
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_tiers_file(path: Path) -> list[Tier]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise TiersFileError(f"tiers file {path}: cannot be read ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise TiersFileError(f"tiers file {path}: not valid YAML ({error})") from None
+    try:
+        config = TiersConfig.model_validate(raw)
+    except ValidationError as error:
+        details = "; ".join(
+            f"{_location(item['loc'])}: {str(item['msg']).removeprefix('Value error, ')}"
+            for item in error.errors()
+        )
+        raise TiersFileError(f"tiers file {path}: {details}") from None
+    return [_to_tier(tier, rank) for rank, tier in enumerate(config.tiers)]
+
+
+def default_tiers(data_dir: Path) -> list[Tier]:
+    root = data_dir.resolve()
+    return [
+        Tier(name=name, url=f"file://{root / name}", rank=rank)
+        for rank, name in enumerate(DEFAULT_TIER_NAMES)
+    ]
+
+
+def load_tiers(settings: Settings) -> list[Tier]:
+    """The configured tiers, hottest first; local tier directories are created."""
+    if settings.tiers_file is not None:
+        tiers = parse_tiers_file(settings.tiers_file)
+    else:
+        tiers = default_tiers(settings.data_dir)
+    for tier in tiers:
+        if tier.is_local:
+            Path(tier.parsed.path).mkdir(parents=True, exist_ok=True)
+    return tiers
