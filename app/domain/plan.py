@@ -1,0 +1,68 @@
+"""Plain data the policy engine reads (snapshots) and writes (plans)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    id: str
+    project: str
+    name: str
+    status: str  # active | completed | failed
+    labels: Mapping[str, str] = field(default_factory=dict)
+    policy: str | None = None
+    resumed_from: str | None = None
+    ended_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSnapshot:
+    id: str
+    run_id: str
+    step: int
+    klass: str
+    state: str  # writing | active | trashed | deleted
+    size_bytes: int
+    created_at: datetime
+    tier: str | None  # the primary location's tier
+    tiers: frozenset[str] = frozenset()  # every tier holding a location
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedAction:
+    checkpoint_id: str
+    run_id: str
+    step: int
+    kind: str  # delete | move | copy
+    from_tier: str | None
+    to_tier: str | None
+    rule: str  # <policy>/<rule>
+    reason: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    checkpoint_id: str
+    step: int
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    checkpoint_id: str
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    actions: tuple[PlannedAction, ...] = ()
+    kept: tuple[Kept, ...] = ()
+    skipped: tuple[Skipped, ...] = ()

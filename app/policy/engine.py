@@ -1,0 +1,183 @@
+"""The policy engine: a pure function from a run's snapshot to a plan.
+
+No I/O, no clock, no ORM: everything it needs is passed in, so a dry run, a sweep, a
+registration-triggered evaluation and a forecast all get the same answer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+
+from app.domain.duration import format_duration
+from app.domain.plan import CheckpointSnapshot, Kept, Plan, PlannedAction, RunSnapshot
+from app.policy.keep import kept_by_rule
+from app.policy.schema import CopyTo, MoveTo, Policy, Rule
+
+GRACE = timedelta(seconds=60)
+_KIND_ORDER = {"delete": 0, "move": 1, "copy": 2}
+
+
+def select_policy(policies: Iterable[Policy], run: RunSnapshot) -> Policy | None:
+    """The one policy governing `run`: its explicit policy (none if that name is unknown:
+    a missing policy must never widen to another), else the matching policy with the
+    highest priority (ties: the name that sorts first), else `default`, else none."""
+    by_name = {p.name: p for p in policies}
+    if run.policy is not None:
+        return by_name.get(run.policy)
+    matching = [p for p in by_name.values() if _applies(p, run)]
+    if matching:
+        return min(matching, key=lambda p: (-p.priority, p.name))
+    return by_name.get("default")
+
+
+def _applies(policy: Policy, run: RunSnapshot) -> bool:
+    scope = policy.applies_to
+    if not any(fnmatch.fnmatchcase(run.project, pattern) for pattern in scope.projects):
+        return False
+    return all(run.labels.get(k) == v for k, v in scope.labels.items())
+
+
+def _when_unmet(rule: Rule, run: RunSnapshot, c: CheckpointSnapshot, now: datetime) -> str | None:
+    """The first `when` condition `c` does not meet, described; None when all hold."""
+    when = rule.when
+    if when.age is not None and now - c.created_at < when.age:
+        return f"age {format_duration(when.age)} not reached"
+    if when.run_ended is not None:
+        ended = run.status != "active" and run.ended_at is not None
+        if not ended or now - run.ended_at < when.run_ended:  # type: ignore[operator]
+            return f"run_ended {format_duration(when.run_ended)} not reached"
+    if when.run_status is not None and run.status not in when.run_status:
+        return f"run_status is {run.status}"
+    if when.on_tier is not None and c.tier not in when.on_tier:
+        return f"not on {', '.join(when.on_tier)}"
+    return None
+
+
+def protections(
+    run: RunSnapshot,
+    live: Sequence[CheckpointSnapshot],
+    now: datetime,
+    resumed_by_active: Collection[str],
+) -> dict[str, str]:
+    """Checkpoints that no rule may delete or move, with why."""
+    found: dict[str, str] = {}
+    if run.status == "active" and live:
+        resume_point = max(live, key=lambda c: c.step)
+        found[resume_point.id] = "protected: resume point of the active run"
+    for c in live:
+        if c.id in resumed_by_active:
+            found[c.id] = "protected: an active run resumed from it"
+        if c.pinned:
+            found[c.id] = "protected: pinned"
+        if now - c.created_at < GRACE:
+            found.setdefault(c.id, "protected: created less than 60s ago")
+    return found
+
+
+def _proposal(
+    rule: Rule, c: CheckpointSnapshot, ranks: Mapping[str, int]
+) -> tuple[str, str | None] | None:
+    """(kind, to_tier) this rule asks for `c`, or None when it would change nothing."""
+    action = rule.action
+    if isinstance(action, MoveTo):
+        target = action.move_to
+        if c.tier is None or ranks.get(target, -1) <= ranks.get(c.tier, -1):
+            return None  # policies only demote
+        return ("move", target)
+    if isinstance(action, CopyTo):
+        return None if action.copy_to in c.tiers else ("copy", action.copy_to)
+    return ("delete", None)
+
+
+def evaluate(
+    policy: Policy,
+    run: RunSnapshot,
+    checkpoints: Sequence[CheckpointSnapshot],
+    now: datetime,
+    *,
+    tier_ranks: Mapping[str, int],
+    resumed_by_active: Collection[str] = (),
+) -> Plan:
+    """Plan what `policy` does to one run's checkpoints at `now`.
+
+    Only `active` checkpoints count. Keep clauses of a rule are a union over the run's
+    live checkpoints of the rule's class. Protections (pin, resume point, a checkpoint an
+    active run resumed from, 60 s grace) stop deletes and moves, not copies. Per checkpoint
+    delete beats move beats copy, the coldest move wins; rule order does not matter.
+    """
+    live = [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
+    protected = protections(run, live, now, resumed_by_active)
+    proposals: dict[str, list[tuple[str, str | None, str, str]]] = {}
+    reasons: dict[str, list[str]] = {}
+    for rule in sorted(policy.rules, key=lambda r: r.name):
+        classes = rule.classes
+        members = [c for c in live if classes is None or c.klass in classes]
+        kept = kept_by_rule(rule, members, now)
+        for c in members:
+            if c.id in kept:
+                reasons.setdefault(c.id, []).append(f"{rule.name}: {kept[c.id]}")
+                continue
+            unmet = _when_unmet(rule, run, c, now)
+            if unmet is not None:
+                reasons.setdefault(c.id, []).append(f"{rule.name}: waiting, {unmet}")
+                continue
+            proposal = _proposal(rule, c, tier_ranks)
+            if proposal is None:
+                reasons.setdefault(c.id, []).append(f"{rule.name}: nothing to do")
+                continue
+            kind, target = proposal
+            if kind != "copy" and c.id in protected:
+                continue
+            why = _describe(rule, kind, target)
+            proposals.setdefault(c.id, []).append((kind, target, rule.name, why))
+    actions: list[PlannedAction] = []
+    kept_list: list[Kept] = []
+    for c in sorted(live, key=lambda c: c.step, reverse=True):
+        chosen = _resolve(proposals.get(c.id, []), tier_ranks)
+        for kind, target, rule_name, why in chosen:
+            actions.append(
+                PlannedAction(
+                    checkpoint_id=c.id,
+                    run_id=run.id,
+                    step=c.step,
+                    kind=kind,
+                    from_tier=c.tier,
+                    to_tier=target,
+                    rule=f"{policy.name}/{rule_name}",
+                    reason=why,
+                    bytes=c.size_bytes,
+                )
+            )
+        if not any(kind == "delete" for kind, *_ in chosen):
+            why_kept = [protected[c.id]] if c.id in protected else []
+            why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
+            kept_list.append(Kept(c.id, c.step, tuple(why_kept) or ("no rule applies",)))
+    return Plan(actions=tuple(actions), kept=tuple(kept_list))
+
+
+def _describe(rule: Rule, kind: str, target: str | None) -> str:
+    keeps = rule.describe_keeps()
+    verb = {"delete": "delete", "move": f"move to {target}", "copy": f"copy to {target}"}[kind]
+    beyond = f", not kept by {' or '.join(keeps)}" if keeps else ""
+    return f"{rule.name}: {verb}{beyond}"
+
+
+def _resolve(
+    proposals: list[tuple[str, str | None, str, str]], ranks: Mapping[str, int]
+) -> list[tuple[str, str | None, str, str]]:
+    """Delete beats move beats copy; the coldest move wins; distinct copies all stand.
+    Ties go to the rule name that sorts first, so rule order never matters."""
+    if not proposals:
+        return []
+    best_kind = min(_KIND_ORDER[p[0]] for p in proposals)
+    same = [p for p in proposals if _KIND_ORDER[p[0]] == best_kind]
+    if same[0][0] == "delete":
+        return [min(same, key=lambda p: p[2])]
+    if same[0][0] == "move":
+        return [min(same, key=lambda p: (-ranks.get(p[1] or "", -1), p[2]))]
+    by_target: dict[str | None, tuple[str, str | None, str, str]] = {}
+    for p in sorted(same, key=lambda p: p[2]):
+        by_target.setdefault(p[1], p)
+    return [by_target[t] for t in sorted(by_target, key=lambda t: ranks.get(t or "", -1))]
