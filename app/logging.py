@@ -8,7 +8,11 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's copy of msg with terminal colour codes
+}
 
 
 class JsonFormatter(logging.Formatter):

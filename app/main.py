@@ -4,26 +4,75 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.api import checkpoints, errors, runs, tiers
-from app.db.session import make_engine, make_session_factory
+from app.api import checkpoints, errors, lifecycle, policies, runs, tiers
+from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.tier import Tier
+from app.scheduler.runtime import Runtime
+from app.services.policies import load_policy_files, store_policy
 from app.settings import Settings, get_settings
 from app.tiers import load_tiers
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """Build the app. Tiers are loaded (and local tier directories made) here, so a bad
-    tiers file fails at start, not on the first request."""
+@dataclass(frozen=True)
+class Roles:
+    """What background work runs beside the API in this process."""
+
+    worker: bool = True
+    scheduler: bool = True
+    evaluator: bool = True
+
+
+SERVE = Roles()
+API_ONLY = Roles(worker=False, scheduler=False, evaluator=True)
+NO_BACKGROUND = Roles(worker=False, scheduler=False, evaluator=False)
+
+
+def load_policies_into(
+    factory: sessionmaker[Session], settings: Settings, tier_list: list[Tier]
+) -> None:
+    """Store the validated policy files in the database, where every replica reads them."""
+    files = load_policy_files(settings.policies_dir, [t.name for t in tier_list])
+    with session_scope(factory) as session:
+        for path, policy in files:
+            store_policy(session, policy, source=str(path), now=datetime.now(UTC))
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: Engine | None = None,
+    roles: Roles = SERVE,
+) -> FastAPI:
+    """Build the app. Tiers and policy files are validated here, so a bad file fails at
+    start, not on the first request."""
     settings = settings or get_settings()
     owns_engine = engine is None
     engine = engine or make_engine(settings.database_url)
+    tier_list = load_tiers(settings)
+    factory = make_session_factory(engine)
+    runtime = Runtime(
+        factory,
+        tier_list,
+        sweep_interval=settings.sweep_interval,
+        trash_retention=settings.trash_retention,
+        worker=roles.worker,
+        scheduler=roles.scheduler,
+        evaluator=roles.evaluator,
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        load_policies_into(factory, settings, tier_list)
+        runtime.start()
         yield
+        runtime.stop()
         if owns_engine:
             engine.dispose()
 
@@ -34,10 +83,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.tiers = load_tiers(settings)
+    app.state.tiers = tier_list
     app.state.engine = engine
-    app.state.session_factory = make_session_factory(engine)
+    app.state.session_factory = factory
+    app.state.runtime = runtime
     errors.install(app)
-    for module in (runs, checkpoints, tiers):
+    for module in (runs, checkpoints, lifecycle, policies, tiers):
         app.include_router(module.router)
     return app
+
+
+def create_api_app() -> FastAPI:
+    """Factory for `ckpt api`: the API and registration-triggered evaluations only."""
+    return create_app(roles=API_ONLY)

@@ -23,6 +23,10 @@ def _duration(value: object) -> object:
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 
 
+def _empty_as_unset(value: object) -> object:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -37,14 +41,14 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite:///./var/ckpt.db"
     data_dir: Path = Path("./var/data")
-    tiers_file: Path | None = None
+    tiers_file: Annotated[Path | None, BeforeValidator(_empty_as_unset)] = None
     policies_dir: Path = Path("./policies")
     sweep_interval: Duration = timedelta(minutes=5)
     trash_retention: Duration = timedelta(days=7)
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"
-    bootstrap_token: SecretStr | None = None
+    bootstrap_token: Annotated[SecretStr | None, BeforeValidator(_empty_as_unset)] = None
 
     @model_validator(mode="after")
     def _auth_off_only_on_loopback(self) -> Settings:

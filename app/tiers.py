@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -23,9 +24,9 @@ class TiersFileError(Exception):
 class PriceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    storage_gb_month: Annotated[float, Field(ge=0)] = 0.0
-    retrieval_gb: Annotated[float, Field(ge=0)] = 0.0
-    egress_gb: Annotated[float, Field(ge=0)] = 0.0
+    storage_gb_month: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    retrieval_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    egress_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     min_storage_days: Annotated[int, Field(ge=0)] = 0
 
 
@@ -45,7 +46,17 @@ class TierConfig(BaseModel):
             parse_url(value, field_name="url")
         except Invalid as error:
             raise ValueError(error.message) from None
-        return value.rstrip("/")
+        scheme, rest = value.split(":", 1)
+        return f"{scheme.lower()}:{rest}".rstrip("/")  # FILE:// is file:// (Tier.is_local)
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _valid_endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{value!r} must be an http:// or https:// URL")
+        return value
 
 
 class TiersConfig(BaseModel):
@@ -89,6 +100,8 @@ def parse_tiers_file(path: Path) -> list[Tier]:
         raise TiersFileError(f"tiers file {path}: cannot be read ({error.strerror})") from None
     except yaml.YAMLError as error:
         raise TiersFileError(f"tiers file {path}: not valid YAML ({error})") from None
+    if not isinstance(raw, dict):
+        raise TiersFileError(f"tiers file {path}: must be a mapping with a `tiers` list")
     try:
         config = TiersConfig.model_validate(raw)
     except ValidationError as error:

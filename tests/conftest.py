@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from app.db.migrate import upgrade
 from app.db.models import Base
 from app.db.session import make_engine
-from app.main import create_app
+from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 
 PG_HOST = os.environ.get("CKPT_TEST_PG_HOST", "127.0.0.1")
@@ -99,12 +99,18 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def settings(database_url: str, data_dir: Path) -> Settings:
-    return Settings(database_url=database_url, data_dir=data_dir, auth="off")
+    return Settings(
+        database_url=database_url,
+        data_dir=data_dir,
+        policies_dir=data_dir.parent / "policies",
+        auth="off",
+    )
 
 
 @pytest.fixture
 def app(settings: Settings, clean_engine: Engine) -> FastAPI:
-    return create_app(settings, engine=clean_engine)
+    """No background threads: tests drive evaluations and workers themselves."""
+    return create_app(settings, engine=clean_engine, roles=NO_BACKGROUND)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from app.api.convert import checkpoint_read
-from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, SessionDep, TiersDep
 from app.api.schemas import (
     CheckpointCommit,
     CheckpointCreate,
@@ -39,6 +39,7 @@ def register_checkpoint(
     tiers: TiersDep,
     now: NowDep,
     response: Response,
+    evaluate_later: EvaluateLater,
 ) -> CheckpointRead:
     registration = Registration(
         step=body.step,
@@ -56,6 +57,7 @@ def register_checkpoint(
     )
     if not created:
         response.status_code = status.HTTP_200_OK
+    evaluate_later(run_id)
     return checkpoint_read(checkpoint)
 
 
@@ -81,8 +83,14 @@ def get_checkpoint(checkpoint_id: str, session: SessionDep) -> CheckpointRead:
 
 @router.post("/v1/checkpoints/{checkpoint_id}/commit")
 def commit_checkpoint(
-    checkpoint_id: str, body: CheckpointCommit, session: SessionDep, tiers: TiersDep, now: NowDep
+    checkpoint_id: str,
+    session: SessionDep,
+    tiers: TiersDep,
+    now: NowDep,
+    evaluate_later: EvaluateLater,
+    body: CheckpointCommit | None = None,
 ) -> CheckpointRead:
+    body = body or CheckpointCommit()  # every field is optional, so is the body
     checkpoint = checkpoints.commit_checkpoint(
         session,
         tiers=tiers,
@@ -92,6 +100,7 @@ def commit_checkpoint(
         metrics=body.metrics,
         now=now,
     )
+    evaluate_later(checkpoint.run_id)
     return checkpoint_read(checkpoint)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import Depends, Query, Request
+from fastapi import BackgroundTasks, Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from app.domain.tier import Tier
@@ -34,8 +34,21 @@ async def _now() -> datetime:
     return datetime.now(UTC)
 
 
-SessionDep = Annotated[Session, Depends(_session)]
+# "function" scope: the transaction commits before the response leaves, so a client that
+# got 201 can read the row back at once (the default would commit after sending it).
+async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[[str], None]:
+    """Queue a run's policy evaluation for after the response (so after the commit)."""
+    runtime = request.app.state.runtime
+
+    def later(run_id: str) -> None:
+        tasks.add_task(runtime.request_evaluation, run_id)
+
+    return later
+
+
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TiersDep = Annotated[list[Tier], Depends(_tiers)]
 NowDep = Annotated[datetime, Depends(_now)]
+EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size, at most 1000")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor of the last page")]

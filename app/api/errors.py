@@ -22,7 +22,10 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    parts = [p for p in loc if p not in ("body", "query", "path", "header")] or list(loc)
+    # Only the leading element says where the value came from; a later "path" is a field name
+    # (a manifest entry's `path`) and must stay in the answer.
+    where = ("body", "query", "path", "header", "cookie")
+    parts = (list(loc[1:]) if loc and loc[0] in where else list(loc)) or list(loc)
     out = ""
     for part in parts:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -41,13 +44,20 @@ async def _validation_error(_request: Request, error: Exception) -> JSONResponse
     items = []
     malformed = False
     for item in error.errors():
+        loc = tuple(item.get("loc", ()))
+        message = str(item.get("msg", "invalid"))
         if item.get("type") == "json_invalid":
+            # loc is ("body", <character offset>): the field at fault is the body itself
             malformed = True
-        field = _field(tuple(item.get("loc", ())))
-        items.append({"field": field, "message": str(item.get("msg", "invalid"))})
+            field = "body"
+            reason = (item.get("ctx") or {}).get("error")
+            message = f"not valid JSON at character {loc[-1]}" + (f" ({reason})" if reason else "")
+        else:
+            field = _field(loc)
+        items.append({"field": field, "message": message})
     detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:10])
     if malformed:
-        return problem(400, "Malformed JSON", detail, errors=items)
+        return problem(400, "Malformed JSON", detail, field="body", errors=items)
     return problem(
         422,
         "Unprocessable entity",

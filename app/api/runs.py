@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from app.api.convert import run_read
-from app.api.deps import Cursor, Limit, NowDep, SessionDep
+from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, SessionDep
 from app.api.schemas import Name, Page, RunCreate, RunRead, RunStatus, RunUpdate
 from app.services import runs
 
@@ -44,6 +44,11 @@ def get_run(run_id: str, session: SessionDep) -> RunRead:
 
 
 @router.patch("/{run_id}")
-def update_run(run_id: str, body: RunUpdate, session: SessionDep, now: NowDep) -> RunRead:
+def update_run(
+    run_id: str, body: RunUpdate, session: SessionDep, now: NowDep, evaluate_later: EvaluateLater
+) -> RunRead:
+    """A change of status, labels or policy re-evaluates the run, as a registration does."""
     changes = body.model_dump(exclude_unset=True)
-    return run_read(runs.update_run(session, run_id=run_id, changes=changes, now=now))
+    view = runs.update_run(session, run_id=run_id, changes=changes, now=now)
+    evaluate_later(run_id)
+    return run_read(view)

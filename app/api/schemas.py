@@ -14,7 +14,8 @@ MAX_INT64 = 2**63 - 1
 Name = Annotated[str, Field(pattern=NAME_PATTERN, examples=["llama-70b"])]
 RunStatus = Literal["active", "completed", "failed"]
 CheckpointState = Literal["writing", "active", "trashed", "deleted"]
-Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
+# Strict: a step or size sent as "100", 100.0 or true is a client bug, not a number to guess.
+Count = Annotated[int, Field(ge=0, le=MAX_INT64, strict=True)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=63)]
 LabelValue = Annotated[str, Field(max_length=256)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
@@ -28,7 +29,7 @@ def _finite(value: dict[str, float]) -> dict[str, float]:
 
 
 Metrics = Annotated[
-    dict[Annotated[str, Field(min_length=1, max_length=63)], float],
+    dict[Annotated[str, Field(min_length=1, max_length=63)], Annotated[float, Field(strict=True)]],
     Field(max_length=256),
     AfterValidator(_finite),
 ]
@@ -103,7 +104,7 @@ class CheckpointCreate(Strict):
     metrics: Metrics = Field(default_factory=dict)
     labels: Labels = Field(default_factory=dict)
     created_at: Timestamp | None = None
-    committed: bool = True
+    committed: Annotated[bool, Field(strict=True)] = True
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -116,6 +117,13 @@ class CheckpointCommit(Strict):
 
 class PinCreate(Strict):
     reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+    @field_validator("reason")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:  # a text column cannot hold one on PostgreSQL
+            raise ValueError("must not contain NUL characters")
+        return value
 
 
 class LocationRead(BaseModel):

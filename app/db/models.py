@@ -131,7 +131,9 @@ class Action(Base):
     rule: Mapped[str] = mapped_column(String(140))
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     state: Mapped[str] = mapped_column(String(16))
-    step: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    step: Mapped[str | None] = mapped_column(String(32), nullable=True)  # last step done
+    source_uri: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dest_uri: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -142,3 +144,28 @@ class Action(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class PolicyRow(Base):
+    """A validated policy document; the database holds the one set every replica runs."""
+
+    __tablename__ = "policies"
+
+    name: Mapped[str] = mapped_column(NAME, primary_key=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(Text)  # the file it was loaded from, or "api"
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Sweep(Base):
+    """One evaluation that wrote actions to the ledger (scheduled, manual or triggered)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    trigger: Mapped[str] = mapped_column(String(32))  # schedule | manual | registration | run
+    run_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    actions: Mapped[int] = mapped_column(Integer, default=0)
+    held: Mapped[int] = mapped_column(Integer, default=0)

@@ -6,7 +6,7 @@ import re
 from datetime import timedelta
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_PATTERN = re.compile(r"^(\d{1,9})([smhdw])$")
+_PATTERN = re.compile(r"^(\d{1,15})([smhdw])$")  # 15 digits: any timedelta in seconds
 
 
 def parse_duration(text: str) -> timedelta:
@@ -17,7 +17,10 @@ def parse_duration(text: str) -> timedelta:
             f"malformed duration {text!r}: expected a whole number and a unit s, m, h, d or w "
             "(e.g. 90s, 15m, 12h, 30d)"
         )
-    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too long (at most 999999999d)") from None
 
 
 def format_duration(value: timedelta) -> str:

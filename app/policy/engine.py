@@ -67,7 +67,7 @@ def protections(
         resume_point = max(live, key=lambda c: c.step)
         found[resume_point.id] = "protected: resume point of the active run"
     for c in live:
-        if c.id in resumed_by_active:
+        if c.id in resumed_by_active or (run.status == "active" and c.id == run.resumed_from):
             found[c.id] = "protected: an active run resumed from it"
         if c.pinned:
             found[c.id] = "protected: pinned"

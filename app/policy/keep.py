@@ -6,7 +6,7 @@ Each function returns {checkpoint id: reason}. Clauses combine as a union.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from app.domain.duration import format_duration
 from app.domain.plan import CheckpointSnapshot
@@ -21,6 +21,11 @@ BUCKETS: dict[str, Bucket] = {
     "keep_monthly": lambda t: t.year * 100 + t.month,
     "keep_yearly": lambda t: t.year,
 }
+
+
+def _utc(t: datetime) -> datetime:
+    """Periods are UTC hours, days, ISO weeks, months and years; naive times are taken as UTC."""
+    return t if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _limit(items: Sequence[CheckpointSnapshot], count: int) -> Sequence[CheckpointSnapshot]:
@@ -71,7 +76,7 @@ def keep_calendar(checkpoints: Sequence[CheckpointSnapshot], rule: Rule) -> dict
         for name in counts:
             if counts[name] == 0:
                 continue
-            period = BUCKETS[name](checkpoint.created_at)
+            period = BUCKETS[name](_utc(checkpoint.created_at))
             if period != last[name] or oldest:
                 last[name] = period
                 if counts[name] > 0:

@@ -14,7 +14,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -33,7 +35,12 @@ def _duration(value: object) -> object:
     raise ValueError("must be a duration string such as 90s, 15m, 12h, 30d")
 
 
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "pattern": r"^\d+[smhdw]$", "examples": ["7d", "12h"]}),
+]
 
 
 def _count(value: object) -> object:

@@ -14,9 +14,11 @@ from app.domain.errors import Conflict, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
 from app.services.manifest import list_manifest, normalise, require_exists, same_files, total_size
-from app.services.pagination import decode_cursor, encode_cursor
+from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.runs import get_run
 from app.services.upsert import insert_ignoring_conflicts
+
+MAX_STEP = 2**63 - 1  # steps are BIGINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +35,15 @@ class Registration:
 
 
 def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
-    checkpoint = session.execute(
-        select(Checkpoint)
-        .where(Checkpoint.id == checkpoint_id)
-        .options(selectinload(Checkpoint.locations))
-    ).scalar_one_or_none()
+    checkpoint = (
+        None
+        if "\x00" in checkpoint_id  # no id holds one, and PostgreSQL refuses it as a parameter
+        else session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.id == checkpoint_id)
+            .options(selectinload(Checkpoint.locations))
+        ).scalar_one_or_none()
+    )
     if checkpoint is None:
         raise NotFound(f"no checkpoint has id {checkpoint_id!r}", field="checkpoint_id")
     return checkpoint
@@ -217,6 +223,9 @@ def list_checkpoints(
         stmt = stmt.where(Checkpoint.state == state)
     if cursor is not None:
         (last_step,) = decode_cursor(cursor, int)
+        if isinstance(last_step, bool) or not 0 <= last_step <= MAX_STEP:
+            # a forged step the database cannot compare (bigint overflow, boolean)
+            raise BadCursor("not a cursor this list handed out", field="cursor")
         stmt = stmt.where(Checkpoint.step < last_step)
     rows = list(session.execute(stmt).scalars())
     page = rows[:limit]

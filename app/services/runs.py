@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Project, Run
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
-from app.services.pagination import decode_cursor, encode_cursor
+from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.upsert import insert_ignoring_conflicts
 
 
@@ -28,8 +28,15 @@ def _project_id(session: Session, name: str, now: datetime) -> int:
     return session.execute(select(Project.id).where(Project.name == name)).scalar_one()
 
 
+def _unstorable(value: str) -> bool:
+    """No id holds a NUL, and PostgreSQL refuses one in a query parameter: treat as unknown."""
+    return "\x00" in value
+
+
 def _check_resumed_from(session: Session, checkpoint_id: str | None) -> None:
-    if checkpoint_id is not None and session.get(Checkpoint, checkpoint_id) is None:
+    if checkpoint_id is None:
+        return
+    if _unstorable(checkpoint_id) or session.get(Checkpoint, checkpoint_id) is None:
         raise Invalid(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
 
 
@@ -70,9 +77,13 @@ def create_run(
 
 
 def get_run(session: Session, run_id: str) -> RunView:
-    row = session.execute(
-        select(Run, Project.name).join(Project).where(Run.id == run_id)
-    ).one_or_none()
+    row = (
+        None
+        if _unstorable(run_id)
+        else session.execute(
+            select(Run, Project.name).join(Project).where(Run.id == run_id)
+        ).one_or_none()
+    )
     if row is None:
         raise NotFound(f"no run has id {run_id!r}", field="run_id")
     return RunView(row[0], row[1])
@@ -94,6 +105,8 @@ def list_runs(
         stmt = stmt.where(Run.status == status)
     if cursor is not None:
         (last_id,) = decode_cursor(cursor, str)
+        if _unstorable(last_id):
+            raise BadCursor("not a cursor this list handed out", field="cursor")
         stmt = stmt.where(Run.id < last_id)
     rows = session.execute(stmt).all()
     views = [RunView(run, name) for run, name in rows[:limit]]

@@ -1,0 +1,186 @@
+"""Plans, sweeps, the action ledger, and a person's delete / undelete / restore."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+from sqlalchemy.orm import Session
+
+from app.api.convert import checkpoint_read
+from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.lifecycle_schemas import (
+    ActionKind,
+    ActionRead,
+    ActionState,
+    KeptRead,
+    PlanActionRead,
+    PlanRead,
+    PlanRequest,
+    PlanTotals,
+    RestoreRequest,
+    SkippedRead,
+    SweepRead,
+    SweepRequest,
+)
+from app.api.schemas import CheckpointRead, Page
+from app.db.models import Action
+from app.domain.errors import Invalid, NotFound
+from app.domain.tier import Tier
+from app.policy.schema import Policy
+from app.services import ledger, policies
+from app.services.planning import plan_catalog
+from app.services.runs import get_run
+
+router = APIRouter(tags=["lifecycle"])
+
+
+def action_read(action: Action) -> ActionRead:
+    return ActionRead.model_validate(action, from_attributes=True)
+
+
+def _what_if(
+    session: Session, tiers: list[Tier], policy: str | dict[str, object] | None
+) -> Policy | None:
+    if policy is None:
+        return None
+    names = [t.name for t in tiers]
+    if isinstance(policy, str):
+        try:
+            row = policies.get_policy_row(session, policy)
+        except NotFound:
+            raise Invalid(f"no policy is named {policy!r}", field="policy") from None
+        return policies.validate_policy(row.document, names)
+    try:
+        return policies.validate_policy(policy, names)
+    except Invalid as error:
+        raise Invalid(error.message, field=f"policy.{error.field}") from None
+
+
+def _check_scope(session: Session, project: str | None, run_id: str | None) -> None:
+    if project is not None and run_id is not None:
+        raise Invalid("give project or run_id, not both", field="run_id")
+    if run_id is not None:
+        try:
+            get_run(session, run_id)
+        except NotFound:
+            raise Invalid(f"no run has id {run_id!r}", field="run_id") from None
+
+
+@router.post("/v1/plan")
+def plan(body: PlanRequest, session: SessionDep, tiers: TiersDep, now: NowDep) -> PlanRead:
+    """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing."""
+    _check_scope(session, body.project, body.run_id)
+    what_if = _what_if(session, tiers, body.policy)
+    result = plan_catalog(
+        session, tiers=tiers, now=now, project=body.project, run_id=body.run_id, policy=what_if
+    )
+    return PlanRead(
+        actions=[
+            PlanActionRead(
+                checkpoint_id=i.action.checkpoint_id,
+                run_id=i.action.run_id,
+                step=i.action.step,
+                kind=i.action.kind,
+                from_tier=i.action.from_tier,
+                to_tier=i.action.to_tier,
+                rule=i.action.rule,
+                reason=i.action.reason,
+                bytes=i.action.bytes,
+                state=i.state,
+            )
+            for i in result.items
+        ],
+        kept=[
+            KeptRead(checkpoint_id=k.checkpoint_id, step=k.step, reasons=list(k.reasons))
+            for k in result.kept
+        ],
+        skipped=[
+            SkippedRead(checkpoint_id=s.checkpoint_id, rule=s.rule, reason=s.reason)
+            for s in result.skipped
+        ],
+        totals=PlanTotals(**result.totals()),
+    )
+
+
+@router.post("/v1/sweeps", status_code=status.HTTP_202_ACCEPTED)
+def sweep(
+    request: Request,
+    session: SessionDep,
+    tiers: TiersDep,
+    now: NowDep,
+    body: SweepRequest | None = None,
+) -> SweepRead:
+    """Evaluate now; when this answers, every planned action is in the ledger."""
+    body = body or SweepRequest()
+    _check_scope(session, body.project, body.run_id)
+    sweep_id, ids = ledger.run_sweep(
+        request.app.state.session_factory,
+        tiers=tiers,
+        now=now,
+        trigger="manual",
+        project=body.project,
+        run_id=body.run_id,
+    )
+    request.app.state.runtime.wake_workers()
+    return SweepRead(id=sweep_id, actions=ids)
+
+
+@router.post("/v1/sweeps/{sweep_id}/approve")
+def approve_sweep(sweep_id: str, session: SessionDep, now: NowDep) -> SweepRead:
+    return SweepRead(id=sweep_id, actions=ledger.approve_sweep(session, sweep_id, now))
+
+
+@router.get("/v1/actions")
+def list_actions(
+    session: SessionDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    state: ActionState | None = None,
+    kind: ActionKind | None = None,
+    checkpoint_id: Annotated[str | None, Query(max_length=40)] = None,
+    run_id: Annotated[str | None, Query(max_length=40)] = None,
+) -> Page[ActionRead]:
+    rows, next_cursor = ledger.list_actions(
+        session,
+        state=state,
+        kind=kind,
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
+        limit=limit,
+        cursor=cursor,
+    )
+    return Page[ActionRead](items=[action_read(a) for a in rows], next_cursor=next_cursor)
+
+
+@router.get("/v1/actions/{action_id}")
+def get_action(action_id: str, session: SessionDep) -> ActionRead:
+    return action_read(ledger.get_action(session, action_id))
+
+
+@router.post("/v1/actions/{action_id}/approve")
+def approve_action(action_id: str, session: SessionDep, now: NowDep) -> ActionRead:
+    return action_read(ledger.approve_action(session, action_id, now))
+
+
+@router.delete("/v1/checkpoints/{checkpoint_id}", status_code=status.HTTP_202_ACCEPTED)
+def delete_checkpoint(checkpoint_id: str, session: SessionDep, now: NowDep) -> ActionRead:
+    """To the trash (restorable until the trash period ends); 409 while pinned."""
+    return action_read(ledger.request_delete(session, checkpoint_id, now))
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/undelete")
+def undelete_checkpoint(checkpoint_id: str, session: SessionDep, now: NowDep) -> CheckpointRead:
+    return checkpoint_read(ledger.undelete(session, checkpoint_id, now))
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/restore", status_code=status.HTTP_202_ACCEPTED)
+def restore_checkpoint(
+    checkpoint_id: str, body: RestoreRequest, session: SessionDep, tiers: TiersDep, now: NowDep
+) -> ActionRead:
+    """Stage a copy onto `tier`, now or at `at`."""
+    return action_read(
+        ledger.request_restore(
+            session, checkpoint_id=checkpoint_id, tier=body.tier, at=body.at, tiers=tiers, now=now
+        )
+    )

@@ -1,0 +1,106 @@
+"""Bodies of the lifecycle endpoints: policies, plans, sweeps, actions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.schemas import Name, Timestamp
+
+ActionKind = Literal["delete", "purge", "move", "copy", "restore"]
+ActionState = Literal["held", "pending", "running", "done", "failed", "cancelled"]
+
+
+class PolicyRead(BaseModel):
+    name: str
+    source: str
+    updated_at: datetime
+    policy: dict[str, Any]
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: Name | None = None
+    run_id: Annotated[str, Field(max_length=40)] | None = None
+    policy: Name | dict[str, Any] | None = None
+
+
+class PlanActionRead(BaseModel):
+    checkpoint_id: str
+    run_id: str
+    step: int
+    kind: str
+    from_tier: str | None
+    to_tier: str | None
+    rule: str
+    reason: str
+    bytes: int
+    state: str
+
+
+class KeptRead(BaseModel):
+    checkpoint_id: str
+    step: int
+    reasons: list[str]
+
+
+class SkippedRead(BaseModel):
+    checkpoint_id: str
+    rule: str
+    reason: str
+
+
+class PlanTotals(BaseModel):
+    deleted_bytes_by_tier: dict[str, int]
+    moved_bytes_by_tier: dict[str, int]
+    copied_bytes_by_tier: dict[str, int]
+
+
+class PlanRead(BaseModel):
+    actions: list[PlanActionRead]
+    kept: list[KeptRead]
+    skipped: list[SkippedRead]
+    totals: PlanTotals
+
+
+class SweepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: Name | None = None
+    run_id: Annotated[str, Field(max_length=40)] | None = None
+
+
+class SweepRead(BaseModel):
+    id: str
+    actions: list[str]
+
+
+class ActionRead(BaseModel):
+    id: str
+    checkpoint_id: str
+    run_id: str
+    kind: ActionKind
+    from_tier: str | None
+    to_tier: str | None
+    rule: str
+    reason: str | None
+    state: ActionState
+    step: str | None
+    attempts: int
+    error: str | None
+    bytes: int
+    sweep_id: str | None
+    due_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class RestoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tier: Name
+    at: Timestamp | None = None

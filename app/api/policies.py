@@ -1,0 +1,93 @@
+"""Policies: list, read, replace (YAML or JSON), delete."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, status
+
+from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.lifecycle_schemas import PolicyRead
+from app.api.schemas import Page
+from app.db.models import PolicyRow
+from app.domain.errors import Invalid
+from app.services import policies
+from app.services.pagination import decode_cursor, encode_cursor
+
+router = APIRouter(prefix="/v1/policies", tags=["policies"])
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/yaml": {"schema": {"type": "string"}},
+            "application/json": {"schema": {"type": "object"}},
+        },
+    }
+}
+
+
+def _read(row: PolicyRow) -> PolicyRead:
+    return PolicyRead(
+        name=row.name, source=row.source, updated_at=row.updated_at, policy=row.document
+    )
+
+
+@router.get("")
+def list_policies(
+    session: SessionDep, limit: Limit = 100, cursor: Cursor = None
+) -> Page[PolicyRead]:
+    rows = policies.list_policy_rows(session)
+    if cursor is not None:
+        (after,) = decode_cursor(cursor, str)
+        rows = [r for r in rows if r.name > after]
+    page = rows[:limit]
+    next_cursor = encode_cursor(page[-1].name) if len(rows) > limit else None
+    return Page[PolicyRead](items=[_read(r) for r in page], next_cursor=next_cursor)
+
+
+@router.get("/{name}")
+def get_policy(name: str, session: SessionDep) -> PolicyRead:
+    return _read(policies.get_policy_row(session, name))
+
+
+async def _raw_body(request: Request) -> tuple[str, bytes]:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media, await request.body()
+
+
+RawBody = Annotated[tuple[str, bytes], Depends(_raw_body)]
+
+
+def _document(name: str, body: tuple[str, bytes]) -> object:
+    media, raw = body
+    if media in YAML_TYPES:
+        document = policies.parse_yaml(raw)
+    else:
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            message = "body is neither JSON nor YAML sent as application/yaml"
+            raise Invalid(message, field="body") from None
+    if isinstance(document, dict):
+        document.setdefault("name", name)
+        if document["name"] != name:
+            message = f"name {document['name']!r} differs from the path's {name!r}"
+            raise Invalid(message, field="name")
+    return document
+
+
+@router.put("/{name}", openapi_extra=_BODY)
+def put_policy(
+    name: str, body: RawBody, session: SessionDep, tiers: TiersDep, now: NowDep
+) -> PolicyRead:
+    """Validated before anything is stored; a name in the body must match the path."""
+    policy = policies.validate_policy(_document(name, body), [t.name for t in tiers])
+    return _read(policies.store_policy(session, policy, source="api", now=now))
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_policy(name: str, session: SessionDep) -> None:
+    policies.delete_policy(session, name)

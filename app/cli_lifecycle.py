@@ -1,0 +1,247 @@
+"""`ckpt plan`, `ckpt sweep`, `ckpt worker`, `ckpt scheduler`, `ckpt policy ...`:
+commands for operators with database access, printing readable tables."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import migrate as migrations
+from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.errors import AppError
+from app.domain.tier import Tier
+from app.logging import configure_logging
+from app.main import load_policies_into
+from app.policy.schema import policy_json_schema
+from app.scheduler.runtime import Runtime
+from app.services.ledger import run_sweep
+from app.services.planning import CatalogPlan, plan_catalog
+from app.services.policies import PolicyFileError, parse_yaml, validate_policy
+from app.settings import Settings
+from app.tiers import load_tiers
+
+console = Console()
+policy_cli = typer.Typer(help="Policy files: schema and validation.", no_args_is_help=True)
+
+
+def human_bytes(size: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} PB"
+
+
+def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
+    table = Table(title=f"{len(plan.items)} planned actions")
+    for column in ("step", "checkpoint", "kind", "from", "to", "bytes", "state", "rule", "reason"):
+        table.add_column(column)
+    for item in plan.items:
+        a = item.action
+        table.add_row(
+            str(a.step),
+            a.checkpoint_id,
+            a.kind,
+            a.from_tier or "",
+            a.to_tier or "",
+            human_bytes(a.bytes),
+            item.state,
+            a.rule,
+            a.reason,
+        )
+    console.print(table)
+    if show_kept:
+        kept = Table(title=f"{len(plan.kept)} checkpoints kept")
+        for column in ("step", "checkpoint", "why"):
+            kept.add_column(column)
+        for k in plan.kept:
+            kept.add_row(str(k.step), k.checkpoint_id, "; ".join(k.reasons))
+        console.print(kept)
+    totals = plan.totals()
+    for label, key in (
+        ("deleted", "deleted_bytes_by_tier"),
+        ("moved", "moved_bytes_by_tier"),
+        ("copied", "copied_bytes_by_tier"),
+    ):
+        for tier, size in sorted(totals[key].items()):
+            console.print(
+                f"{label} from {tier}: {human_bytes(size)}"
+                if label != "copied"
+                else f"copied to {tier}: {human_bytes(size)}"
+            )
+
+
+@dataclass(frozen=True)
+class Context:
+    settings: Settings
+    factory: sessionmaker[Session]
+    tiers: list[Tier]
+
+
+def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+    """Add the lifecycle commands to `cli`; `load` validates settings or exits."""
+
+    def prepare() -> Context:
+        settings = load()
+        configure_logging("WARNING")
+        migrations.upgrade(settings.database_url)
+        tiers = load_tiers(settings)
+        factory = make_session_factory(make_engine(settings.database_url))
+        try:
+            load_policies_into(factory, settings, tiers)
+        except PolicyFileError as error:
+            typer.echo(f"ckpt: {error}", err=True)
+            raise typer.Exit(2) from None
+        return Context(settings, factory, tiers)
+
+    @cli.command()
+    def plan(
+        project: Annotated[str | None, typer.Option(help="only this project")] = None,
+        run: Annotated[str | None, typer.Option(help="only this run id")] = None,
+        policy: Annotated[Path | None, typer.Option(help="what-if: a policy file")] = None,
+        kept: Annotated[bool, typer.Option(help="also list kept checkpoints")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """Dry run: what the policies would do now, and why."""
+        ctx = prepare()
+        factory, tiers = ctx.factory, ctx.tiers
+        try:
+            what_if = (
+                validate_policy(
+                    parse_yaml(policy.read_text(), field=str(policy)), [t.name for t in tiers]
+                )
+                if policy is not None
+                else None
+            )
+            with session_scope(factory) as session:
+                result = plan_catalog(
+                    session,
+                    tiers=tiers,
+                    now=datetime.now(UTC),
+                    project=project,
+                    run_id=run,
+                    policy=what_if,
+                )
+        except AppError as error:
+            typer.echo(f"ckpt: {error.field}: {error.message}", err=True)
+            raise typer.Exit(2) from None
+        if as_json:
+            typer.echo(
+                json.dumps(
+                    {
+                        "actions": [{**a.action.__dict__, "state": a.state} for a in result.items],
+                        "kept": [k.__dict__ for k in result.kept],
+                        "totals": result.totals(),
+                    },
+                    default=list,
+                    indent=2,
+                )
+            )
+            return
+        render_plan(result, show_kept=kept)
+
+    @cli.command()
+    def sweep(
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="plan only")] = False,
+        project: Annotated[str | None, typer.Option(help="only this project")] = None,
+        run: Annotated[str | None, typer.Option(help="only this run id")] = None,
+    ) -> None:
+        """Evaluate now and write the planned actions to the ledger."""
+        ctx = prepare()
+        factory, tiers = ctx.factory, ctx.tiers
+        now = datetime.now(UTC)
+        if dry_run:
+            with session_scope(factory) as session:
+                render_plan(
+                    plan_catalog(session, tiers=tiers, now=now, project=project, run_id=run),
+                    show_kept=False,
+                )
+            return
+        sweep_id, ids = run_sweep(
+            factory, tiers=tiers, now=now, trigger="manual", project=project, run_id=run
+        )
+        console.print(f"sweep {sweep_id}: {len(ids)} actions written to the ledger")
+
+    def _run_until_signal(runtime: Runtime) -> None:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        runtime.start()
+        stop.wait()
+        runtime.stop()
+
+    @cli.command()
+    def worker(
+        once: Annotated[bool, typer.Option(help="execute what is due, then exit")] = False,
+    ) -> None:
+        """Execute ledger actions (run as many as you like)."""
+        ctx = prepare()
+        settings = ctx.settings
+        configure_logging()
+        runtime = Runtime(
+            ctx.factory,
+            ctx.tiers,
+            sweep_interval=settings.sweep_interval,
+            trash_retention=settings.trash_retention,
+            worker=True,
+            scheduler=False,
+            evaluator=False,
+        )
+        if once:
+            console.print(f"{runtime.executor.drain()} actions executed")
+            return
+        _run_until_signal(runtime)
+
+    @cli.command()
+    def scheduler() -> None:
+        """Periodic sweep and purge (several replicas are safe: sweeps take a lock)."""
+        ctx = prepare()
+        settings = ctx.settings
+        configure_logging()
+        runtime = Runtime(
+            ctx.factory,
+            ctx.tiers,
+            sweep_interval=settings.sweep_interval,
+            trash_retention=settings.trash_retention,
+            worker=False,
+            scheduler=True,
+            evaluator=False,
+        )
+        _run_until_signal(runtime)
+
+    cli.add_typer(policy_cli, name="policy")
+
+
+@policy_cli.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of policy files."""
+    typer.echo(json.dumps(policy_json_schema(), indent=2))
+
+
+@policy_cli.command("validate")
+def validate(files: list[Path]) -> None:
+    """Validate policy files against the default tiers or CKPT_TIERS_FILE."""
+    from app.settings import load_settings
+
+    tiers = [t.name for t in load_tiers(load_settings())]
+    failed = False
+    for path in files:
+        try:
+            policy = validate_policy(parse_yaml(path.read_text(), field=str(path)), tiers)
+            console.print(f"{path}: ok ({policy.name}, {len(policy.rules)} rules)")
+        except AppError as error:
+            failed = True
+            typer.echo(f"{path}: {error.field}: {error.message}", err=True)
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,190 @@
+"""Background work of one process: the worker loop, registration-triggered evaluations,
+and the periodic jobs (sweep, purge). Jobs only enqueue; workers execute."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.session import session_scope
+from app.domain.tier import Tier
+from app.services.executor import Executor
+from app.services.ledger import enqueue_due_purges, run_sweep
+
+log = logging.getLogger("app.scheduler")
+PURGE_PERIOD = timedelta(seconds=30)
+IDLE_POLL_SECONDS = 1.0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Runtime:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        tiers: list[Tier],
+        *,
+        sweep_interval: timedelta,
+        trash_retention: timedelta,
+        worker: bool = True,
+        scheduler: bool = True,
+        evaluator: bool = True,
+    ) -> None:
+        self.factory = factory
+        self.tiers = tiers
+        self.sweep_interval = sweep_interval
+        self.trash_retention = trash_retention
+        self.executor = Executor(factory, tiers, trash_retention=trash_retention)
+        self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._pending: set[str] = set()
+        self._busy = 0
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._scheduler: BackgroundScheduler | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.roles["worker"]:
+            self._spawn("worker", self._worker_loop)
+        if self.roles["evaluator"]:
+            self._spawn("evaluator", self._evaluator_loop)
+        if self.roles["scheduler"]:
+            scheduler = BackgroundScheduler(timezone=UTC)
+            scheduler.add_job(
+                self.sweep,
+                "interval",
+                seconds=self.sweep_interval.total_seconds(),
+                id="sweep",
+                max_instances=1,
+                coalesce=True,
+            )
+            scheduler.add_job(
+                self.purge,
+                "interval",
+                seconds=PURGE_PERIOD.total_seconds(),
+                id="purge",
+                max_instances=1,
+                coalesce=True,
+                next_run_time=_now(),
+            )
+            scheduler.start()
+            self._scheduler = scheduler
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _spawn(self, name: str, target: object) -> None:
+        thread = threading.Thread(target=target, name=f"ckpt-{name}", daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        started = time.perf_counter()
+        try:
+            sweep_id, ids = run_sweep(
+                self.factory, tiers=self.tiers, now=_now(), trigger="schedule"
+            )
+        except Exception:
+            log.exception("sweep failed")
+            return
+        log.info(
+            "sweep",
+            extra={
+                "sweep_id": sweep_id,
+                "actions": len(ids),
+                "seconds": round(time.perf_counter() - started, 3),
+            },
+        )
+        self.wake_workers()
+
+    def purge(self) -> None:
+        try:
+            with session_scope(self.factory) as session:
+                created = enqueue_due_purges(session, retention=self.trash_retention, now=_now())
+        except Exception:
+            log.exception("purge scan failed")
+            return
+        if created:
+            log.info("purges enqueued", extra={"actions": created})
+            self.wake_workers()
+
+    # -- registration-triggered evaluation -------------------------------------------------
+
+    def request_evaluation(self, run_id: str) -> None:
+        """Evaluate this run soon, off the request path; repeated requests coalesce."""
+        if not self.roles["evaluator"]:
+            return
+        with self._cond:
+            self._pending.add(run_id)
+            self._cond.notify()
+
+    def _evaluator_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._pending and not self._stop.is_set():
+                    self._cond.wait()
+                batch, self._pending = self._pending, set()
+                self._busy += 1
+            try:
+                for run_id in batch:
+                    try:
+                        run_sweep(
+                            self.factory,
+                            tiers=self.tiers,
+                            now=_now(),
+                            trigger="registration",
+                            run_id=run_id,
+                        )
+                    except Exception:
+                        log.exception("evaluation failed", extra={"run_id": run_id})
+                self.wake_workers()
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until queued evaluations are done (tests, graceful shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    # -- worker ----------------------------------------------------------------------------
+
+    def wake_workers(self) -> None:
+        self._wake.set()
+
+    def _worker_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                did = self.executor.run_once()
+            except Exception:
+                log.exception("worker step failed")
+                did = False
+            if not did:
+                self._wake.wait(IDLE_POLL_SECONDS)
+                self._wake.clear()

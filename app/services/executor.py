@@ -1,0 +1,346 @@
+"""Workers execute ledger actions in idempotent phases, each recorded before the next:
+
+    copy -> verify -> switch catalog -> remove source
+
+Nothing at a source is removed before its copy is verified and catalogued, and a
+worker killed anywhere leaves an action the next worker resumes from its `step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy.orm import Session, aliased, selectinload, sessionmaker
+
+from app.db.models import Action, Checkpoint, Location, Project, Run
+from app.db.session import session_scope
+from app.domain.tier import Tier, locate
+from app.services.ledger import purge_action
+from app.storage.base import StorageError
+from app.storage.local import LocalStorage
+
+log = logging.getLogger("app.worker")
+
+LEASE = timedelta(seconds=30)
+MAX_ATTEMPTS = 5
+
+
+class VerificationFailed(Exception):
+    """The destination does not match the manifest; the source is kept."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Executor:
+    """Claims and executes actions. Safe to run in many processes on one PostgreSQL."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        tiers: list[Tier],
+        *,
+        trash_retention: timedelta,
+        owner: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.factory = factory
+        self.tiers = tiers
+        self.tiers_by_name = {t.name: t for t in tiers}
+        self.trash_retention = trash_retention
+        self.owner = owner or f"{os.uname().nodename}:{os.getpid()}"
+        self.clock = clock
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def claim(self) -> str | None:
+        """Take one due action (or one whose lease expired); None when there is none."""
+        with session_scope(self.factory) as session:
+            now = self.clock()
+            other = aliased(Action)
+            busy = exists().where(
+                other.checkpoint_id == Action.checkpoint_id,
+                other.id != Action.id,
+                other.state == "running",
+                other.lease_until >= now,
+            )
+            stmt = (
+                select(Action.id, Action.updated_at)
+                .where(
+                    or_(
+                        and_(Action.state == "pending", Action.due_at <= now),
+                        and_(Action.state == "running", Action.lease_until < now),
+                    ),
+                    ~busy,
+                )
+                .order_by(Action.due_at)
+                .limit(1)
+            )
+            if session.get_bind().dialect.name == "postgresql":
+                stmt = stmt.with_for_update(skip_locked=True, of=Action)
+            row = session.execute(stmt).first()
+            if row is None:
+                return None
+            claimed = session.execute(
+                update(Action)
+                .where(Action.id == row[0], Action.updated_at == row[1])
+                .values(
+                    state="running",
+                    lease_owner=self.owner,
+                    lease_until=now + LEASE,
+                    attempts=Action.attempts + 1,
+                    updated_at=now,
+                )
+            )
+            return row[0] if claimed.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    def run_once(self) -> bool:
+        action_id = self.claim()
+        if action_id is None:
+            return False
+        self.execute(action_id)
+        return True
+
+    def drain(self, limit: int = 10_000) -> int:
+        """Execute due actions until none is left (tests and `ckpt worker --once`)."""
+        count = 0
+        while count < limit and self.run_once():
+            count += 1
+        return count
+
+    # -- execution --------------------------------------------------------------------------
+
+    def execute(self, action_id: str) -> None:
+        try:
+            kind = self._load(action_id).kind
+            {"delete": self._delete, "purge": self._purge}.get(kind, self._transfer)(action_id)
+        except VerificationFailed as error:
+            self._finish(action_id, "failed", error=f"verification failed: {error}")
+        except (StorageError, OSError) as error:
+            self._retry(action_id, f"{type(error).__name__}: {error}")
+
+    def _load(self, action_id: str) -> Action:
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            return action
+
+    def _close(self, action: Action, state: str, error: str | None = None) -> None:
+        now = self.clock()
+        action.state = state
+        action.error = error
+        action.finished_at = now
+        action.updated_at = now
+        action.lease_owner = None
+        action.lease_until = None
+
+    def _finish(self, action_id: str, state: str, *, error: str | None = None) -> None:
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            self._close(action, state, error)
+
+    def _retry(self, action_id: str, error: str) -> None:
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            now = self.clock()
+            action.error = error
+            action.updated_at = now
+            action.lease_owner = None
+            action.lease_until = None
+            if action.attempts >= MAX_ATTEMPTS:
+                action.state = "failed"
+                action.finished_at = now
+            else:
+                action.state = "pending"
+                action.due_at = now + timedelta(seconds=min(2**action.attempts, 300))
+        log.warning("action failed, will retry", extra={"action_id": action_id, "error": error})
+
+    def _set_step(self, action_id: str, step: str, **values: object) -> None:
+        with session_scope(self.factory) as session:
+            now = self.clock()
+            session.execute(
+                update(Action)
+                .where(Action.id == action_id)
+                .values(step=step, lease_until=now + LEASE, updated_at=now, **values)
+            )
+
+    @staticmethod
+    def _checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
+        return session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.id == checkpoint_id)
+            .options(selectinload(Checkpoint.locations))
+        ).scalar_one()
+
+    def _delete(self, action_id: str) -> None:
+        """To the trash: the bytes stay until the purge."""
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            checkpoint = self._checkpoint(session, action.checkpoint_id)
+            if checkpoint.pinned:
+                self._close(action, "cancelled", "checkpoint is pinned")
+                return
+            if checkpoint.state not in ("trashed", "deleted"):
+                checkpoint.state = "trashed"
+                checkpoint.trashed_at = self.clock()
+            self._close(action, "done")
+            session.flush()
+            if checkpoint.state == "trashed" and self.trash_retention <= timedelta(0):
+                size = checkpoint.size_bytes
+                session.add(
+                    purge_action(session, checkpoint.id, checkpoint.run_id, size, self.clock())
+                )
+
+    def _purge(self, action_id: str) -> None:
+        """Remove the bytes from every location, then mark the checkpoint deleted."""
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            checkpoint = self._checkpoint(session, action.checkpoint_id)
+            if checkpoint.state == "deleted":
+                self._close(action, "done")
+                return
+            if checkpoint.state != "trashed":
+                self._close(action, "cancelled", f"checkpoint is {checkpoint.state}")
+                return
+            uris = [loc.uri for loc in checkpoint.locations]
+        for uri in uris:
+            storage, key = self._storage(uri)
+            storage.delete_prefix(key)
+        with session_scope(self.factory) as session:
+            checkpoint = self._checkpoint(session, action.checkpoint_id)
+            for loc in list(checkpoint.locations):
+                session.delete(loc)
+            checkpoint.state = "deleted"
+            finished = session.get(Action, action_id)
+            assert finished is not None
+            self._close(finished, "done")
+
+    def _storage(self, uri: str) -> tuple[LocalStorage, str]:
+        located = locate(uri, self.tiers)
+        if not located.tier.is_local:
+            raise StorageError(f"tier {located.tier.name!r} is not reachable by this worker")
+        return LocalStorage(located.tier.parsed.path), located.key
+
+    def _transfer(self, action_id: str) -> None:
+        """move, copy and restore: copy -> verify -> switch catalog -> (move) remove source."""
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            checkpoint = self._checkpoint(session, action.checkpoint_id)
+            reason = self._refuse_transfer(action, checkpoint)
+            if reason is not None:
+                done = reason == "already there"
+                self._close(action, "done" if done else "cancelled", None if done else reason)
+                return
+            if action.dest_uri is None:
+                action.source_uri, action.dest_uri = self._endpoints(session, action, checkpoint)
+            kind, step = action.kind, action.step
+            source_uri, dest_uri = action.source_uri, action.dest_uri
+            paths = [f["path"] for f in checkpoint.files or []]
+            manifest = {f["path"]: f for f in checkpoint.files or []}
+        assert source_uri is not None and dest_uri is not None
+        source, source_key = self._storage(source_uri)
+        dest, dest_key = self._storage(dest_uri)
+        if step is None:
+            if not self._verified(dest, dest_key, manifest):
+                dest.copy_in(
+                    source, source_key, dest_key, paths, staging=f"{dest_key}.partial-{action_id}"
+                )
+            self._set_step(action_id, "copied")
+            step = "copied"
+        if step == "copied":
+            if not self._verified(dest, dest_key, manifest):
+                dest.delete_prefix(dest_key)  # an uncatalogued bad copy: never keep it
+                raise VerificationFailed(f"{dest_uri} does not match the manifest")
+            self._set_step(action_id, "verified")
+            step = "verified"
+        if step == "verified":
+            self._switch(action_id, dest_uri)
+            step = "switched"
+        if kind == "move" and source_uri != dest_uri:
+            source.delete_prefix(source_key)
+        self._finish(action_id, "done")
+
+    def _refuse_transfer(self, action: Action, checkpoint: Checkpoint) -> str | None:
+        if checkpoint.state != "active":
+            return f"checkpoint is {checkpoint.state}"
+        if action.to_tier not in self.tiers_by_name:
+            return f"unknown tier {action.to_tier!r}"
+        if action.step is not None:
+            return None  # resuming: the catalog may already have switched
+        if action.kind == "move" and checkpoint.pinned:
+            return "checkpoint is pinned"
+        held = {loc.tier for loc in checkpoint.locations}
+        if action.kind != "move" and action.to_tier in held:
+            return "already there"
+        primary = next((loc for loc in checkpoint.locations if loc.role == "primary"), None)
+        if action.kind == "move" and primary is not None and primary.tier == action.to_tier:
+            return "already there"
+        return None
+
+    def _endpoints(
+        self, session: Session, action: Action, checkpoint: Checkpoint
+    ) -> tuple[str, str]:
+        primary = next(loc for loc in checkpoint.locations if loc.role == "primary")
+        project, run_name = session.execute(
+            select(Project.name, Run.name)
+            .join(Run, Run.project_id == Project.id)
+            .where(Run.id == checkpoint.run_id)
+        ).one()
+        tier = self.tiers_by_name[action.to_tier or ""]
+        dest = tier.parsed.join(f"{project}/{run_name}/step-{checkpoint.step}")
+        return primary.uri, dest
+
+    @staticmethod
+    def _verified(
+        storage: LocalStorage, prefix: str, manifest: dict[str, dict[str, object]]
+    ) -> bool:
+        if not storage.prefix_exists(prefix):
+            return False
+        for path, entry in manifest.items():
+            key = f"{prefix}/{path}"
+            if storage.file_size(key) != entry["size_bytes"]:
+                return False
+            if "sha256" in entry and storage.sha256(key) != entry["sha256"]:
+                return False
+        return True
+
+    def _switch(self, action_id: str, dest_uri: str) -> None:
+        """Catalog the verified copy, in one transaction with the step."""
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None and action.to_tier is not None
+            tier = self.tiers_by_name[action.to_tier]
+            checkpoint = self._checkpoint(session, action.checkpoint_id)
+            on_target = next((loc for loc in checkpoint.locations if loc.tier == tier.name), None)
+            if action.kind == "move":
+                primary = next((loc for loc in checkpoint.locations if loc.role == "primary"), None)
+                if on_target is not None and on_target is not primary:
+                    session.delete(on_target)
+                    session.flush()
+                if primary is not None:
+                    primary.tier, primary.uri = tier.name, dest_uri
+                    primary.storage_class = tier.storage_class
+            elif on_target is None:
+                session.add(
+                    Location(
+                        checkpoint_id=checkpoint.id,
+                        tier=tier.name,
+                        uri=dest_uri,
+                        storage_class=tier.storage_class,
+                        role="replica",
+                    )
+                )
+            now = self.clock()
+            action.step = "switched"
+            action.lease_until = now + LEASE
+            action.updated_at = now

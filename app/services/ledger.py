@@ -1,0 +1,349 @@
+"""The action ledger: what sweeps and people ask of storage, one row per action.
+
+Every change to storage is an Action row first; workers execute them (executor.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Action, Checkpoint, Sweep
+from app.domain.errors import Conflict, Invalid, NotFound
+from app.domain.ids import new_id
+from app.domain.tier import Tier
+from app.policy.schema import Policy
+from app.services.checkpoints import get_checkpoint
+from app.services.pagination import decode_cursor, encode_cursor
+from app.services.planning import OPEN_STATES, plan_catalog
+
+SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
+_local_sweep_lock = threading.Lock()
+
+
+@contextmanager
+def evaluation_lock(session: Session) -> Iterator[None]:
+    """Serialise evaluations that write actions: a PostgreSQL advisory lock held until the
+    transaction ends (so several replicas never sweep at once), a process lock on SQLite."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SWEEP_LOCK_KEY})
+        yield
+        return
+    with _local_sweep_lock:
+        yield
+
+
+def run_sweep(
+    factory: sessionmaker[Session],
+    *,
+    tiers: list[Tier],
+    now: datetime,
+    trigger: str,
+    project: str | None = None,
+    run_id: str | None = None,
+    policy: Policy | None = None,
+) -> tuple[str, list[str]]:
+    """Evaluate and write every planned action to the ledger; returns (sweep id, action ids).
+
+    Idempotent: a checkpoint with an open action of the same kind and target gets no second
+    one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
+    """
+    session = factory()
+    try:
+        with evaluation_lock(session):
+            plan = plan_catalog(
+                session, tiers=tiers, now=now, project=project, run_id=run_id, policy=policy
+            )
+            sweep = Sweep(
+                id=new_id("swp"), trigger=trigger, run_id=run_id, started_at=now, actions=0, held=0
+            )
+            session.add(sweep)
+            created: list[str] = []
+            for item in plan.items:
+                if item.open_action_id is not None:
+                    continue
+                a = item.action
+                action = new_action(
+                    checkpoint_id=a.checkpoint_id,
+                    run_id=a.run_id,
+                    kind=a.kind,
+                    from_tier=a.from_tier,
+                    to_tier=a.to_tier,
+                    rule=a.rule,
+                    reason=a.reason,
+                    state=item.state,
+                    size=a.bytes,
+                    now=now,
+                    sweep_id=sweep.id,
+                )
+                session.add(action)
+                created.append(action.id)
+                sweep.held += item.state == "held"
+            sweep.actions = len(created)
+            sweep.finished_at = now
+            session.commit()
+            return sweep.id, created
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def new_action(
+    *,
+    checkpoint_id: str,
+    run_id: str,
+    kind: str,
+    from_tier: str | None,
+    to_tier: str | None,
+    rule: str,
+    reason: str | None,
+    state: str,
+    size: int,
+    now: datetime,
+    due_at: datetime | None = None,
+    sweep_id: str | None = None,
+) -> Action:
+    return Action(
+        id=new_id("act"),
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
+        kind=kind,
+        from_tier=from_tier,
+        to_tier=to_tier,
+        rule=rule,
+        reason=reason,
+        state=state,
+        attempts=0,
+        bytes=size,
+        sweep_id=sweep_id,
+        due_at=due_at or now,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def get_action(session: Session, action_id: str) -> Action:
+    action = session.get(Action, action_id)
+    if action is None:
+        raise NotFound(f"no action has id {action_id!r}", field="action_id")
+    return action
+
+
+def list_actions(
+    session: Session,
+    *,
+    state: str | None,
+    kind: str | None,
+    checkpoint_id: str | None,
+    run_id: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Action], str | None]:
+    """Newest first."""
+    stmt = select(Action).order_by(Action.id.desc()).limit(limit + 1)
+    for column, value in (
+        (Action.state, state),
+        (Action.kind, kind),
+        (Action.checkpoint_id, checkpoint_id),
+        (Action.run_id, run_id),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if cursor is not None:
+        (last,) = decode_cursor(cursor, str)
+        stmt = stmt.where(Action.id < last)
+    rows = list(session.execute(stmt).scalars())
+    page = rows[:limit]
+    return page, encode_cursor(page[-1].id) if len(rows) > limit else None
+
+
+def approve_action(session: Session, action_id: str, now: datetime) -> Action:
+    """Release a held delete. Approving one that is no longer held is a no-op."""
+    action = get_action(session, action_id)
+    if action.state == "held":
+        action.state = "pending"
+        action.due_at = now
+        action.updated_at = now
+        session.flush()
+    return action
+
+
+def approve_sweep(session: Session, sweep_id: str, now: datetime) -> list[str]:
+    if session.get(Sweep, sweep_id) is None:
+        raise NotFound(f"no sweep has id {sweep_id!r}", field="sweep_id")
+    ids = list(
+        session.execute(
+            select(Action.id).where(Action.sweep_id == sweep_id, Action.state == "held")
+        ).scalars()
+    )
+    session.execute(
+        update(Action).where(Action.id.in_(ids)).values(state="pending", due_at=now, updated_at=now)
+    )
+    return ids
+
+
+def _open_action(
+    session: Session, checkpoint_id: str, kind: str, to_tier: str | None
+) -> Action | None:
+    return (
+        session.execute(
+            select(Action).where(
+                Action.checkpoint_id == checkpoint_id,
+                Action.kind == kind,
+                Action.to_tier == to_tier if to_tier is not None else Action.to_tier.is_(None),
+                Action.state.in_(OPEN_STATES),
+            )
+        )
+        .scalars()
+        .first()
+    )
+
+
+def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Action:
+    """A person's delete: to the trash like a policy delete, never held. Refused while pinned."""
+    checkpoint = get_checkpoint(session, checkpoint_id)
+    if checkpoint.pinned:
+        raise Conflict("checkpoint is pinned: unpin it before deleting", field="pinned")
+    if checkpoint.state not in ("active", "writing"):
+        raise Conflict(f"checkpoint is already {checkpoint.state}", field="state")
+    existing = _open_action(session, checkpoint_id, "delete", None)
+    if existing is not None:
+        return existing
+    action = new_action(
+        checkpoint_id=checkpoint_id,
+        run_id=checkpoint.run_id,
+        kind="delete",
+        from_tier=_primary_tier(checkpoint),
+        to_tier=None,
+        rule="manual",
+        reason="deleted by request",
+        state="pending",
+        size=checkpoint.size_bytes,
+        now=now,
+    )
+    session.add(action)
+    session.flush()
+    return action
+
+
+def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
+    """Back from the trash to `active`, cancelling its pending purge."""
+    checkpoint = get_checkpoint(session, checkpoint_id)
+    if checkpoint.state == "active":
+        return checkpoint
+    if checkpoint.state != "trashed":
+        raise Conflict(
+            f"checkpoint is {checkpoint.state}; only a trashed one can come back", field="state"
+        )
+    purges = list(
+        session.execute(
+            select(Action).where(
+                Action.checkpoint_id == checkpoint_id,
+                Action.kind == "purge",
+                Action.state.in_(OPEN_STATES),
+            )
+        ).scalars()
+    )
+    if any(p.state == "running" for p in purges):
+        raise Conflict("its bytes are being purged right now", field="state")
+    for purge in purges:
+        purge.state = "cancelled"
+        purge.updated_at = now
+        purge.finished_at = now
+    checkpoint.state = "active"
+    checkpoint.trashed_at = None
+    session.flush()
+    return checkpoint
+
+
+def request_restore(
+    session: Session,
+    *,
+    checkpoint_id: str,
+    tier: str,
+    at: datetime | None,
+    tiers: list[Tier],
+    now: datetime,
+) -> Action:
+    """Stage a copy of the checkpoint onto `tier`, now or at `at`."""
+    if tier not in {t.name for t in tiers}:
+        raise Invalid(f"unknown tier {tier!r}", field="tier")
+    checkpoint = get_checkpoint(session, checkpoint_id)
+    if checkpoint.state != "active":
+        raise Conflict(f"checkpoint is {checkpoint.state}; undelete it first", field="state")
+    existing = _open_action(session, checkpoint_id, "restore", tier)
+    if existing is not None:
+        return existing
+    action = new_action(
+        checkpoint_id=checkpoint_id,
+        run_id=checkpoint.run_id,
+        kind="restore",
+        from_tier=_primary_tier(checkpoint),
+        to_tier=tier,
+        rule="manual",
+        reason=f"restore to {tier} requested",
+        state="pending",
+        size=checkpoint.size_bytes,
+        now=now,
+        due_at=at if at is not None and at > now else now,
+    )
+    session.add(action)
+    session.flush()
+    return action
+
+
+def _primary_tier(checkpoint: Checkpoint) -> str | None:
+    return next((loc.tier for loc in checkpoint.locations if loc.role == "primary"), None)
+
+
+def enqueue_due_purges(
+    session: Session, *, retention: timedelta, now: datetime, limit: int = 1000
+) -> int:
+    """Create a purge for every trashed checkpoint whose trash period is over."""
+    cutoff = now - retention
+    rows = session.execute(
+        select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes)
+        .where(Checkpoint.state == "trashed", Checkpoint.trashed_at <= cutoff)
+        .limit(limit)
+    ).all()
+    created = 0
+    for checkpoint_id, run_id, size in rows:
+        if _open_action(session, checkpoint_id, "purge", None) is not None:
+            continue
+        session.add(purge_action(session, checkpoint_id, run_id, size, now))
+        created += 1
+    session.flush()
+    return created
+
+
+def purge_action(
+    session: Session, checkpoint_id: str, run_id: str, size: int, now: datetime
+) -> Action:
+    """A purge carries the rule of the delete that trashed the checkpoint."""
+    rule = session.execute(
+        select(Action.rule)
+        .where(
+            Action.checkpoint_id == checkpoint_id, Action.kind == "delete", Action.state == "done"
+        )
+        .order_by(Action.finished_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    return new_action(
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
+        kind="purge",
+        from_tier=None,
+        to_tier=None,
+        rule=rule or "manual",
+        reason="trash period over",
+        state="pending",
+        size=size,
+        now=now,
+    )

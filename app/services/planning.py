@@ -1,0 +1,116 @@
+"""Dry-run plans over the catalog: the engine per run, plus the blast-radius hold."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import Action
+from app.domain.plan import Kept, PlannedAction, Skipped
+from app.domain.tier import Tier
+from app.policy.engine import evaluate, select_policy
+from app.policy.schema import Policy
+from app.services.policies import active_policies
+from app.services.snapshot import Scope, load_scope
+
+OPEN_STATES = ("held", "pending", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    action: PlannedAction
+    state: str  # held | pending, or the state of the open action already in the ledger
+    open_action_id: str | None = None
+
+
+@dataclass
+class CatalogPlan:
+    items: list[PlanItem] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {
+            "deleted_bytes_by_tier": {},
+            "moved_bytes_by_tier": {},
+            "copied_bytes_by_tier": {},
+        }
+        key = {
+            "delete": "deleted_bytes_by_tier",
+            "move": "moved_bytes_by_tier",
+            "copy": "copied_bytes_by_tier",
+        }
+        for item in self.items:
+            a = item.action
+            tier = (a.to_tier if a.kind == "copy" else a.from_tier) or "?"
+            bucket = out[key[a.kind]]
+            bucket[tier] = bucket.get(tier, 0) + a.bytes
+        return out
+
+
+def exceeds_blast_radius(delete_count: int, delete_bytes: int, total: tuple[int, int]) -> bool:
+    """Deletes above half of a project's active checkpoints, by count or by bytes."""
+    count, size = total
+    return delete_count * 2 > count or delete_bytes * 2 > size
+
+
+def _open_actions(session: Session, scope: Scope) -> dict[tuple[str, str, str | None], Action]:
+    stmt = select(Action).where(Action.state.in_(OPEN_STATES))
+    if len(scope.runs) == 1:
+        stmt = stmt.where(Action.run_id == scope.runs[0].id)
+    return {(a.checkpoint_id, a.kind, a.to_tier): a for a in session.execute(stmt).scalars()}
+
+
+def plan_catalog(
+    session: Session,
+    *,
+    tiers: list[Tier],
+    now: datetime,
+    project: str | None = None,
+    run_id: str | None = None,
+    policy: Policy | None = None,
+) -> CatalogPlan:
+    """What the policies (or the what-if `policy` for every run in scope) would do now."""
+    scope = load_scope(session, project=project, run_id=run_id)
+    policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
+    ranks = {t.name: t.rank for t in tiers}
+    plan = CatalogPlan()
+    per_project: dict[str, list[PlannedAction]] = defaultdict(list)
+    for run in scope.runs:
+        checkpoints = scope.checkpoints.get(run.id, [])
+        governing = policy or select_policy(policies, run)
+        if governing is None:
+            plan.kept.extend(
+                Kept(c.id, c.step, ("no policy governs this run",)) for c in checkpoints
+            )
+            continue
+        result = evaluate(
+            governing,
+            run,
+            checkpoints,
+            now,
+            tier_ranks=ranks,
+            resumed_by_active=scope.resumed_by_active,
+        )
+        per_project[run.project].extend(result.actions)
+        plan.kept.extend(result.kept)
+        plan.skipped.extend(result.skipped)
+    existing = _open_actions(session, scope)
+    for project_name, actions in per_project.items():
+        deletes = [a for a in actions if a.kind == "delete"]
+        held = exceeds_blast_radius(
+            len(deletes),
+            sum(a.bytes for a in deletes),
+            scope.project_totals.get(project_name, (0, 0)),
+        )
+        for a in actions:
+            open_action = existing.get((a.checkpoint_id, a.kind, a.to_tier))
+            if open_action is not None:
+                plan.items.append(PlanItem(a, open_action.state, open_action.id))
+            else:
+                plan.items.append(PlanItem(a, "held" if held and a.kind == "delete" else "pending"))
+    return plan

@@ -1,0 +1,104 @@
+"""The models and the Alembic migrations describe the same schema, on both databases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, inspect, text
+
+from app.db.migrate import downgrade, upgrade
+from app.db.models import Base
+from app.db.session import make_engine
+from tests.conftest import create_pg_database, drop_pg_database, postgres_url
+
+APP_TABLES = set(Base.metadata.tables)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of its own for each test (not the shared session database)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'migrations.db'}"
+        return
+    name = create_pg_database()
+    try:
+        yield postgres_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def fresh_engine(fresh_url: str) -> Iterator[Engine]:
+    engine = make_engine(fresh_url, pool_size=1)
+    yield engine
+    engine.dispose()
+
+
+def schema_differences(engine: Engine) -> list[Any]:
+    """What autogenerate would write to bring the database to the models; [] when equal.
+
+    compare_type compares a TypeDecorator (UTCDateTime) by its impl, DateTime(timezone=True).
+    """
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"compare_type": True, "compare_server_default": True}
+        )
+        return list(compare_metadata(context, Base.metadata))
+
+
+def table_names(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def test_upgrade_creates_every_model_table(fresh_url: str, fresh_engine: Engine) -> None:
+    assert not table_names(fresh_engine) & APP_TABLES
+    upgrade(fresh_url)
+    assert table_names(fresh_engine) >= APP_TABLES
+
+
+def test_models_and_migrations_agree(fresh_url: str, fresh_engine: Engine) -> None:
+    upgrade(fresh_url)
+    assert schema_differences(fresh_engine) == []
+
+
+def test_comparison_sees_a_drift(fresh_url: str, fresh_engine: Engine) -> None:
+    """The comparison above is not blind: a schema changed behind the models' back shows."""
+    upgrade(fresh_url)
+    with fresh_engine.begin() as connection:
+        connection.execute(text("DROP INDEX ix_runs_status_ended_at"))
+        connection.execute(text("ALTER TABLE runs ADD COLUMN stray INTEGER"))
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("ALTER TABLE runs ALTER COLUMN started_at TYPE timestamp without time zone")
+            )
+    kinds = set()
+    for diff in schema_differences(fresh_engine):
+        for change in diff if isinstance(diff, list) else [diff]:
+            kinds.add((change[0], change[2] if change[0] == "modify_type" else None))
+    assert ("add_index", None) in kinds
+    assert ("remove_column", None) in kinds
+    if fresh_engine.dialect.name == "postgresql":
+        assert ("modify_type", "runs") in kinds
+
+
+def test_upgrade_is_idempotent(fresh_url: str, fresh_engine: Engine) -> None:
+    upgrade(fresh_url)
+    upgrade(fresh_url)
+    assert schema_differences(fresh_engine) == []
+
+
+def test_downgrade_to_base_and_upgrade_again(fresh_url: str, fresh_engine: Engine) -> None:
+    upgrade(fresh_url)
+    downgrade(fresh_url, "base")
+    assert table_names(fresh_engine) & APP_TABLES == set()
+    assert table_names(fresh_engine) <= {"alembic_version"}
+    with fresh_engine.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() is None
+    upgrade(fresh_url)
+    assert table_names(fresh_engine) >= APP_TABLES
+    assert schema_differences(fresh_engine) == []
