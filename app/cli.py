@@ -9,8 +9,10 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from app.cli_lifecycle import register as register_lifecycle_commands
 from app.db import migrate as migrations
 from app.logging import UVICORN_LOG_CONFIG, configure_logging
+from app.services.policies import PolicyFileError, load_policy_files
 from app.settings import Settings, SettingsError, load_settings
 from app.tiers import TiersFileError, load_tiers
 
@@ -19,17 +21,19 @@ log = logging.getLogger("app.cli")
 
 
 def _settings() -> Settings:
-    """Settings and tiers checked up front: a bad value stops start-up with its name."""
+    """Settings, tiers and policy files checked up front: a bad value stops start-up with
+    a message naming the variable, or the file, rule and field."""
     try:
         settings = load_settings()
-        load_tiers(settings)
-    except (SettingsError, TiersFileError) as error:
+        tiers = load_tiers(settings)
+        load_policy_files(settings.policies_dir, [t.name for t in tiers])
+    except (SettingsError, TiersFileError, PolicyFileError) as error:
         typer.echo(f"ckpt: configuration error: {error}", err=True)
         raise typer.Exit(2) from None
     return settings
 
 
-def _serve(settings: Settings, *, workers: int) -> None:
+def _serve(settings: Settings, *, factory: str, workers: int) -> None:
     configure_logging()
     migrations.upgrade(settings.database_url)
     configure_logging()  # alembic's fileConfig-free run may have touched handlers
@@ -38,7 +42,7 @@ def _serve(settings: Settings, *, workers: int) -> None:
         extra={"host": settings.host, "port": settings.port, "auth": settings.auth},
     )
     uvicorn.run(
-        "app.main:create_app",
+        factory,
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -51,7 +55,7 @@ def _serve(settings: Settings, *, workers: int) -> None:
 @cli.command()
 def serve() -> None:
     """Everything in one process: migrate, then serve the API (embedded default)."""
-    _serve(_settings(), workers=1)
+    _serve(_settings(), factory="app.main:create_app", workers=1)
 
 
 @cli.command()
@@ -59,7 +63,7 @@ def api(
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
 ) -> None:
     """Serve the API only (production: several replicas on one database)."""
-    _serve(_settings(), workers=workers)
+    _serve(_settings(), factory="app.main:create_api_app", workers=workers)
 
 
 @cli.command()
@@ -69,6 +73,9 @@ def migrate() -> None:
     configure_logging()
     migrations.upgrade(settings.database_url)
     typer.echo("database is at the latest schema")
+
+
+register_lifecycle_commands(cli, _settings)
 
 
 def main() -> None:

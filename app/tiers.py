@@ -68,10 +68,17 @@ class TiersConfig(BaseModel):
     @classmethod
     def _unique_names(cls, value: list[TierConfig]) -> list[TierConfig]:
         seen: set[str] = set()
+        urls: dict[str, str] = {}
         for tier in value:
             if tier.name in seen:
                 raise ValueError(f"tier name {tier.name!r} appears twice")
             seen.add(tier.name)
+            # Two tiers on one place would make a move delete its own destination.
+            if tier.url in urls:
+                raise ValueError(
+                    f"tiers {urls[tier.url]!r} and {tier.name!r} share url {tier.url!r}"
+                )
+            urls[tier.url] = tier.name
         return value
 
 

@@ -34,8 +34,6 @@ async def _now() -> datetime:
     return datetime.now(UTC)
 
 
-# "function" scope: the transaction commits before the response leaves, so a client that
-# got 201 can read the row back at once (the default would commit after sending it).
 async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[[str], None]:
     """Queue a run's policy evaluation for after the response (so after the commit)."""
     runtime = request.app.state.runtime
@@ -46,6 +44,8 @@ async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[
     return later
 
 
+# "function" scope: the transaction commits before the response leaves, so a client that
+# got 201 can read the row back at once (the default would commit after sending it).
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TiersDep = Annotated[list[Tier], Depends(_tiers)]
 NowDep = Annotated[datetime, Depends(_now)]

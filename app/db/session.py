@@ -13,12 +13,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # The driver would begin transactions only before writes, so the reads of one
+    # transaction could see different snapshots; we issue BEGIN ourselves instead.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    """Take the write lock up front: one writer at a time, each transaction serializable,
+    and no read-then-write upgrade that SQLite would refuse under concurrency."""
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str, *, pool_size: int = 20) -> Engine:
@@ -31,6 +40,7 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=pool_size
         )
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 

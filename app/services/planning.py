@@ -9,7 +9,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Action
+from app.db.models import Action, Run
+from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
 from app.domain.tier import Tier
 from app.policy.engine import evaluate, select_policy
@@ -74,7 +75,12 @@ def plan_catalog(
     run_id: str | None = None,
     policy: Policy | None = None,
 ) -> CatalogPlan:
-    """What the policies (or the what-if `policy` for every run in scope) would do now."""
+    """What the policies (or the what-if `policy` for every run in scope) would do now.
+    Raises Invalid for an unknown run or for both a project and a run."""
+    if project is not None and run_id is not None:
+        raise Invalid("give project or run_id, not both", field="run_id")
+    if run_id is not None and session.get(Run, run_id) is None:
+        raise Invalid(f"no run has id {run_id!r}", field="run_id")
     scope = load_scope(session, project=project, run_id=run_id)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
@@ -101,7 +107,12 @@ def plan_catalog(
         plan.skipped.extend(result.skipped)
     existing = _open_actions(session, scope)
     for project_name, actions in per_project.items():
-        deletes = [a for a in actions if a.kind == "delete"]
+        # Deletes already in the ledger were weighed by the evaluation that made them.
+        deletes = [
+            a
+            for a in actions
+            if a.kind == "delete" and (a.checkpoint_id, a.kind, a.to_tier) not in existing
+        ]
         held = exceeds_blast_radius(
             len(deletes),
             sum(a.bytes for a in deletes),

@@ -415,3 +415,15 @@ def test_locate_against_loaded_tiers_file(root: Path) -> None:
     assert locate(f"file://{root}/t/hot/r/s", tiers).key == "r/s"
     assert locate("s3://bucket/cold/r/s", tiers).tier.name == "cold"
     assert "under no configured tier" in refused(f"file://{root}/t/hotter/r", tiers)
+
+
+def test_two_tiers_on_one_url_are_refused(tmp_path: Path) -> None:
+    """A move between two tiers on one place would delete its own destination."""
+    path = tmp_path / "tiers.yaml"
+    path.write_text(
+        "tiers:\n"
+        "  - {name: hot, url: 'file:///srv/ckpt'}\n"
+        "  - {name: cold, url: 'file:///srv/ckpt/'}\n"
+    )
+    with pytest.raises(TiersFileError, match="share url"):
+        parse_tiers_file(path)
