@@ -7,7 +7,7 @@ import json
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -140,11 +140,11 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             typer.echo(
                 json.dumps(
                     {
-                        "actions": [{**a.action.__dict__, "state": a.state} for a in result.items],
-                        "kept": [k.__dict__ for k in result.kept],
+                        "actions": [{**asdict(a.action), "state": a.state} for a in result.items],
+                        "kept": [asdict(k) for k in result.kept],
+                        "skipped": [asdict(s) for s in result.skipped],
                         "totals": result.totals(),
                     },
-                    default=list,
                     indent=2,
                 )
             )

@@ -52,6 +52,7 @@ class Run(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "name"),
         Index("ix_runs_status_ended_at", "status", "ended_at"),
+        Index("ix_runs_resumed_from", "resumed_from"),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -63,6 +64,10 @@ class Run(Base):
     resumed_from: Mapped[str | None] = mapped_column(ID, nullable=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Running totals of the run's `active` checkpoints: the blast-radius base of a project
+    # is a sum over its runs, not a scan of millions of checkpoints.
+    active_checkpoints: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    active_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     project: Mapped[Project] = relationship(lazy="raise")
 

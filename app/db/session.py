@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,6 +25,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
 def _sqlite_begin(connection: Any) -> None:
     """Take the write lock up front: one writer at a time, each transaction serializable,
     and no read-then-write upgrade that SQLite would refuse under concurrency."""
@@ -37,12 +42,26 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=pool_size
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=pool_size,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    # UTC sessions hand back datetime.timezone.utc, which the UTCDateTime column passes
+    # through untouched (it matters when a sweep reads a million timestamps).
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args={"options": "-c timezone=UTC"},
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+    )
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

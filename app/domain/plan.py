@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +21,9 @@ class RunSnapshot:
     ended_at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointSnapshot:
+class CheckpointSnapshot(NamedTuple):
+    """A tuple, not a dataclass: a full sweep builds a million of these."""
+
     id: str
     run_id: str
     step: int
@@ -30,7 +33,7 @@ class CheckpointSnapshot:
     created_at: datetime
     tier: str | None  # the primary location's tier
     tiers: frozenset[str] = frozenset()  # every tier holding a location
-    metrics: Mapping[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, float] = MappingProxyType({})
     pinned: bool = False
 
 

@@ -16,7 +16,6 @@ from app.policy.keep import kept_by_rule
 from app.policy.schema import CopyTo, MoveTo, Policy, Rule
 
 GRACE = timedelta(seconds=60)
-_KIND_ORDER = {"delete": 0, "move": 1, "copy": 2}
 
 
 def select_policy(policies: Iterable[Policy], run: RunSnapshot) -> Policy | None:
@@ -39,17 +38,23 @@ def _applies(policy: Policy, run: RunSnapshot) -> bool:
     return all(run.labels.get(k) == v for k, v in scope.labels.items())
 
 
-def _when_unmet(rule: Rule, run: RunSnapshot, c: CheckpointSnapshot, now: datetime) -> str | None:
-    """The first `when` condition `c` does not meet, described; None when all hold."""
+def _run_unmet(rule: Rule, run: RunSnapshot, now: datetime) -> str | None:
+    """The first run-level `when` condition that does not hold, described; None when all do.
+    Checked once per rule, not once per checkpoint."""
     when = rule.when
-    if when.age is not None and now - c.created_at < when.age:
-        return f"age {format_duration(when.age)} not reached"
     if when.run_ended is not None:
         ended = run.status != "active" and run.ended_at is not None
         if not ended or now - run.ended_at < when.run_ended:  # type: ignore[operator]
             return f"run_ended {format_duration(when.run_ended)} not reached"
     if when.run_status is not None and run.status not in when.run_status:
         return f"run_status is {run.status}"
+    return None
+
+
+def _checkpoint_unmet(rule: Rule, c: CheckpointSnapshot, now: datetime) -> str | None:
+    when = rule.when
+    if when.age is not None and now - c.created_at < when.age:
+        return f"age {format_duration(when.age)} not reached"
     if when.on_tier is not None and c.tier not in when.on_tier:
         return f"not on {', '.join(when.on_tier)}"
     return None
@@ -78,16 +83,22 @@ def protections(
 
 def _proposal(
     rule: Rule, c: CheckpointSnapshot, ranks: Mapping[str, int]
-) -> tuple[str, str | None] | None:
-    """(kind, to_tier) this rule asks for `c`, or None when it would change nothing."""
+) -> tuple[str, str | None] | str:
+    """(kind, to_tier) this rule asks for `c`, or why it would change nothing."""
     action = rule.action
     if isinstance(action, MoveTo):
         target = action.move_to
-        if c.tier is None or ranks.get(target, -1) <= ranks.get(c.tier, -1):
-            return None  # policies only demote
+        if c.tier is None:
+            return "no primary location"
+        if c.tier == target:
+            return f"already on {target}"
+        if ranks.get(target, -1) <= ranks.get(c.tier, -1):
+            return f"already on {c.tier}, colder than {target}"  # policies only demote
         return ("move", target)
     if isinstance(action, CopyTo):
-        return None if action.copy_to in c.tiers else ("copy", action.copy_to)
+        if action.copy_to in c.tiers:
+            return f"already on {action.copy_to}"
+        return ("copy", action.copy_to)
     return ("delete", None)
 
 
@@ -99,6 +110,7 @@ def evaluate(
     *,
     tier_ranks: Mapping[str, int],
     resumed_by_active: Collection[str] = (),
+    explain: bool = True,
 ) -> Plan:
     """Plan what `policy` does to one run's checkpoints at `now`.
 
@@ -106,35 +118,63 @@ def evaluate(
     live checkpoints of the rule's class. Protections (pin, resume point, a checkpoint an
     active run resumed from, 60 s grace) stop deletes and moves, not copies. Per checkpoint
     delete beats move beats copy, the coldest move wins; rule order does not matter.
+    With `explain=False` the plan carries actions only (what a sweep needs), not the
+    reasons each kept checkpoint stays.
     """
     live = [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
     protected = protections(run, live, now, resumed_by_active)
+    by_class: dict[str, list[CheckpointSnapshot]] = {}
+    for c in live:
+        by_class.setdefault(c.klass, []).append(c)
     proposals: dict[str, list[tuple[str, str | None, str, str]]] = {}
     reasons: dict[str, list[str]] = {}
+    described: dict[tuple[str, str, str | None], str] = {}
     for rule in sorted(policy.rules, key=lambda r: r.name):
         classes = rule.classes
-        members = [c for c in live if classes is None or c.klass in classes]
+        if classes is None:
+            members = live
+        else:
+            members = [c for k in sorted(classes) for c in by_class.get(k, ())]
+        if not members:
+            continue
+        run_unmet = _run_unmet(rule, run, now)
+        if run_unmet is not None and not explain:
+            continue
         kept = kept_by_rule(rule, members, now)
+        waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""
         for c in members:
             if c.id in kept:
-                reasons.setdefault(c.id, []).append(f"{rule.name}: {kept[c.id]}")
+                if explain:
+                    reasons.setdefault(c.id, []).append(f"{rule.name}: {kept[c.id]}")
                 continue
-            unmet = _when_unmet(rule, run, c, now)
+            if run_unmet is not None:
+                reasons.setdefault(c.id, []).append(waiting)
+                continue
+            unmet = _checkpoint_unmet(rule, c, now)
             if unmet is not None:
-                reasons.setdefault(c.id, []).append(f"{rule.name}: waiting, {unmet}")
+                if explain:
+                    reasons.setdefault(c.id, []).append(f"{rule.name}: waiting, {unmet}")
                 continue
             proposal = _proposal(rule, c, tier_ranks)
-            if proposal is None:
-                reasons.setdefault(c.id, []).append(f"{rule.name}: nothing to do")
+            if isinstance(proposal, str):
+                if explain:
+                    reasons.setdefault(c.id, []).append(f"{rule.name}: {proposal}")
                 continue
             kind, target = proposal
             if kind != "copy" and c.id in protected:
                 continue
-            why = _describe(rule, kind, target)
+            why = described.get((rule.name, kind, target))
+            if why is None:
+                why = described[rule.name, kind, target] = _describe(rule, kind, target)
             proposals.setdefault(c.id, []).append((kind, target, rule.name, why))
     actions: list[PlannedAction] = []
     kept_list: list[Kept] = []
-    for c in sorted(live, key=lambda c: c.step, reverse=True):
+    ordered = (
+        sorted(live, key=lambda c: c.step, reverse=True)
+        if explain
+        else [c for c in live if c.id in proposals]
+    )
+    for c in ordered:
         chosen = _resolve(proposals.get(c.id, []), tier_ranks)
         for kind, target, rule_name, why in chosen:
             actions.append(
@@ -150,7 +190,7 @@ def evaluate(
                     bytes=c.size_bytes,
                 )
             )
-        if not any(kind == "delete" for kind, *_ in chosen):
+        if explain and not any(kind == "delete" for kind, *_ in chosen):
             why_kept = [protected[c.id]] if c.id in protected else []
             why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
             kept_list.append(Kept(c.id, c.step, tuple(why_kept) or ("no rule applies",)))
@@ -168,16 +208,17 @@ def _resolve(
     proposals: list[tuple[str, str | None, str, str]], ranks: Mapping[str, int]
 ) -> list[tuple[str, str | None, str, str]]:
     """Delete beats move beats copy; the coldest move wins; distinct copies all stand.
-    Ties go to the rule name that sorts first, so rule order never matters."""
-    if not proposals:
-        return []
-    best_kind = min(_KIND_ORDER[p[0]] for p in proposals)
-    same = [p for p in proposals if _KIND_ORDER[p[0]] == best_kind]
-    if same[0][0] == "delete":
-        return [min(same, key=lambda p: p[2])]
-    if same[0][0] == "move":
-        return [min(same, key=lambda p: (-ranks.get(p[1] or "", -1), p[2]))]
+    Proposals arrive in rule-name order, so ties go to the name that sorts first and the
+    order of rules in a file never matters."""
+    if len(proposals) < 2:
+        return proposals
+    for p in proposals:
+        if p[0] == "delete":
+            return [p]
+    moves = [p for p in proposals if p[0] == "move"]
+    if moves:
+        return [max(moves, key=lambda p: ranks.get(p[1] or "", -1))]  # first of the coldest
     by_target: dict[str | None, tuple[str, str | None, str, str]] = {}
-    for p in sorted(same, key=lambda p: p[2]):
+    for p in proposals:
         by_target.setdefault(p[1], p)
     return [by_target[t] for t in sorted(by_target, key=lambda t: ranks.get(t or "", -1))]

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
@@ -17,6 +18,7 @@ from app.services.manifest import list_manifest, normalise, require_exists, same
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.runs import get_run
 from app.services.upsert import insert_ignoring_conflicts
+from app.services.usage import count_active
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
 
@@ -82,10 +84,10 @@ def register_checkpoint(
     Idempotent: the same step with the same content returns the existing checkpoint;
     different content raises Conflict. Concurrent identical calls leave one row.
     """
-    get_run(session, run_id)
     located = locate(reg.uri, tiers)
     files = normalise(reg.files) if reg.files is not None else None
     if files is None:
+        get_run(session, run_id)  # before listing storage on its behalf
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)
@@ -95,42 +97,51 @@ def register_checkpoint(
     elif reg.committed:
         require_exists(located)
     size = total_size(files, reg.size_bytes)
-    checkpoint_id = new_id("ckpt")
-    inserted = session.execute(
-        insert_ignoring_conflicts(session, Checkpoint)
-        .values(
-            id=checkpoint_id,
-            run_id=run_id,
-            step=reg.step,
-            **{"class": reg.klass},
-            state="active" if reg.committed else "writing",
-            uri=located.uri,
-            size_bytes=size,
-            files=files,
-            metrics=reg.metrics,
-            labels=reg.labels,
-            pinned=False,
-            created_at=reg.created_at or now,
-            registered_at=now,
-            committed_at=now if reg.committed else None,
-        )
-        .returning(Checkpoint.__table__.c.id)
-    ).scalar_one_or_none()
+    values: dict[str, Any] = {
+        "id": new_id("ckpt"),
+        "run_id": run_id,
+        "step": reg.step,
+        "klass": reg.klass,
+        "state": "active" if reg.committed else "writing",
+        "uri": located.uri,
+        "size_bytes": size,
+        "files": files,
+        "metrics": reg.metrics,
+        "labels": reg.labels,
+        "pinned": False,
+        "pin_reason": None,
+        "created_at": reg.created_at or now,
+        "registered_at": now,
+        "committed_at": now if reg.committed else None,
+    }
+    location = {
+        "checkpoint_id": values["id"],
+        "tier": located.tier.name,
+        "uri": located.uri,
+        "storage_class": located.tier.storage_class,
+        "role": "primary",
+    }
+    row = {("class" if k == "klass" else k): v for k, v in values.items()}
+    try:
+        inserted = session.execute(
+            insert_ignoring_conflicts(session, Checkpoint)
+            .values(row)
+            .returning(Checkpoint.__table__.c.id)
+        ).scalar_one_or_none()
+    except IntegrityError:  # the only constraint left to break is the run's foreign key
+        raise NotFound(f"no run has id {run_id!r}", field="run_id") from None
     if inserted is None:
         existing = _by_step(session, run_id, reg.step)
         assert existing is not None  # the conflicting row is committed, or we would have waited
         _check_same_content(existing, reg, located.uri, files)
         return _commit_if_writing(session, existing, reg, located, files, now), False
-    session.execute(
-        insert_ignoring_conflicts(session, Location).values(
-            checkpoint_id=checkpoint_id,
-            tier=located.tier.name,
-            uri=located.uri,
-            storage_class=located.tier.storage_class,
-            role="primary",
-        )
-    )
-    return get_checkpoint(session, checkpoint_id), True
+    session.execute(insert_ignoring_conflicts(session, Location).values(location))
+    if reg.committed:
+        count_active(session, run_id, checkpoints=1, size=size)
+    # Answer from what was written: no second round trip to read it back.
+    checkpoint = Checkpoint(**values)
+    checkpoint.locations = [Location(**location)]
+    return checkpoint, True
 
 
 def _commit_if_writing(
@@ -146,12 +157,15 @@ def _commit_if_writing(
         return checkpoint
     if files is None:
         files = list_manifest(located)
-    _apply_commit(checkpoint, files=files, size_bytes=reg.size_bytes, metrics=None, now=now)
+    _apply_commit(
+        session, checkpoint, files=files, size_bytes=reg.size_bytes, metrics=None, now=now
+    )
     session.flush()
     return checkpoint
 
 
 def _apply_commit(
+    session: Session,
     checkpoint: Checkpoint,
     *,
     files: list[dict[str, Any]],
@@ -165,6 +179,7 @@ def _apply_commit(
         checkpoint.metrics = {**checkpoint.metrics, **metrics}
     checkpoint.state = "active"
     checkpoint.committed_at = now
+    count_active(session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes)
 
 
 def commit_checkpoint(
@@ -194,7 +209,9 @@ def commit_checkpoint(
         manifest = list_manifest(located)
     else:
         require_exists(located)
-    _apply_commit(checkpoint, files=manifest, size_bytes=size_bytes, metrics=metrics, now=now)
+    _apply_commit(
+        session, checkpoint, files=manifest, size_bytes=size_bytes, metrics=metrics, now=now
+    )
     session.flush()
     return checkpoint
 

@@ -20,6 +20,7 @@ from app.db.models import Action, Checkpoint, Location, Project, Run
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
 from app.services.ledger import purge_action
+from app.services.usage import count_active
 from app.storage.base import StorageError
 from app.storage.local import LocalStorage
 
@@ -188,6 +189,10 @@ class Executor:
             if checkpoint.pinned:
                 self._close(action, "cancelled", "checkpoint is pinned")
                 return
+            if checkpoint.state == "active":
+                count_active(
+                    session, checkpoint.run_id, checkpoints=-1, size=-checkpoint.size_bytes
+                )
             if checkpoint.state not in ("trashed", "deleted"):
                 checkpoint.state = "trashed"
                 checkpoint.trashed_at = self.clock()
@@ -247,6 +252,10 @@ class Executor:
             source_uri, dest_uri = action.source_uri, action.dest_uri
             paths = [f["path"] for f in checkpoint.files or []]
             manifest = {f["path"]: f for f in checkpoint.files or []}
+            if step == "switched" and dest_uri not in {loc.uri for loc in checkpoint.locations}:
+                # The record is ahead of the catalog: never remove a source the catalog still
+                # lists on the record's word; verify the destination and switch again.
+                step = "copied"
         assert source_uri is not None and dest_uri is not None
         source, source_key = self._storage(source_uri)
         dest, dest_key = self._storage(dest_uri)

@@ -21,6 +21,7 @@ from app.policy.schema import Policy
 from app.services.checkpoints import get_checkpoint
 from app.services.pagination import decode_cursor, encode_cursor
 from app.services.planning import OPEN_STATES, plan_catalog
+from app.services.usage import count_active
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 _local_sweep_lock = threading.Lock()
@@ -57,7 +58,13 @@ def run_sweep(
     try:
         with evaluation_lock(session):
             plan = plan_catalog(
-                session, tiers=tiers, now=now, project=project, run_id=run_id, policy=policy
+                session,
+                tiers=tiers,
+                now=now,
+                project=project,
+                run_id=run_id,
+                policy=policy,
+                explain=False,
             )
             sweep = Sweep(
                 id=new_id("swp"), trigger=trigger, run_id=run_id, started_at=now, actions=0, held=0
@@ -215,6 +222,11 @@ def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Actio
         raise Conflict(f"checkpoint is already {checkpoint.state}", field="state")
     existing = _open_action(session, checkpoint_id, "delete", None)
     if existing is not None:
+        if existing.state == "held":  # held by a policy's blast radius: asking approves it
+            existing.state = "pending"
+            existing.due_at = now
+            existing.updated_at = now
+            session.flush()
         return existing
     action = new_action(
         checkpoint_id=checkpoint_id,
@@ -233,10 +245,33 @@ def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Actio
     return action
 
 
+def _withdraw_deletes(session: Session, checkpoint_id: str, now: datetime) -> None:
+    """Cancel deletes not executed yet, so an undeleted checkpoint is not trashed later."""
+    deletes = list(
+        session.execute(
+            select(Action).where(
+                Action.checkpoint_id == checkpoint_id,
+                Action.kind == "delete",
+                Action.state.in_(OPEN_STATES),
+            )
+        ).scalars()
+    )
+    if any(d.state == "running" for d in deletes):
+        raise Conflict("it is being moved to the trash right now; try again", field="state")
+    for delete in deletes:
+        delete.state = "cancelled"
+        delete.error = "withdrawn by undelete"
+        delete.updated_at = now
+        delete.finished_at = now
+    session.flush()
+
+
 def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
-    """Back from the trash to `active`, cancelling its pending purge."""
+    """Back from the trash to `active`, cancelling its pending purge (or, when the delete has
+    not been executed yet, the delete itself)."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if checkpoint.state == "active":
+        _withdraw_deletes(session, checkpoint_id, now)
         return checkpoint
     if checkpoint.state != "trashed":
         raise Conflict(
@@ -259,6 +294,7 @@ def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
         purge.finished_at = now
     checkpoint.state = "active"
     checkpoint.trashed_at = None
+    count_active(session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes)
     session.flush()
     return checkpoint
 

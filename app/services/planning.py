@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -74,6 +77,7 @@ def plan_catalog(
     project: str | None = None,
     run_id: str | None = None,
     policy: Policy | None = None,
+    explain: bool = True,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
     Raises Invalid for an unknown run or for both a project and a run."""
@@ -81,6 +85,41 @@ def plan_catalog(
         raise Invalid("give project or run_id, not both", field="run_id")
     if run_id is not None and session.get(Run, run_id) is None:
         raise Invalid(f"no run has id {run_id!r}", field="run_id")
+    with gc_paused():
+        return _plan(
+            session,
+            tiers=tiers,
+            now=now,
+            project=project,
+            run_id=run_id,
+            policy=policy,
+            explain=explain,
+        )
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """A full plan allocates millions of long-lived objects; the cyclic collector would
+    rescan them all again and again while they are built. Nothing here makes cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(
+    session: Session,
+    *,
+    tiers: list[Tier],
+    now: datetime,
+    project: str | None,
+    run_id: str | None,
+    policy: Policy | None,
+    explain: bool,
+) -> CatalogPlan:
     scope = load_scope(session, project=project, run_id=run_id)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
@@ -90,6 +129,8 @@ def plan_catalog(
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
         if governing is None:
+            if not explain:
+                continue
             plan.kept.extend(
                 Kept(c.id, c.step, ("no policy governs this run",)) for c in checkpoints
             )
@@ -101,6 +142,7 @@ def plan_catalog(
             now,
             tier_ranks=ranks,
             resumed_by_active=scope.resumed_by_active,
+            explain=explain,
         )
         per_project[run.project].extend(result.actions)
         plan.kept.extend(result.kept)

@@ -1,15 +1,21 @@
-"""Read the catalog into the engine's plain data, in a few set-based queries."""
+"""Read the catalog into the engine's plain data, in a few set-based queries.
+
+This is the hot half of a full sweep (a million rows), so it runs Core statements on
+the session's connection and builds the snapshots straight from the rows.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, and_, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
+from app.services.usage import project_totals
 
 
 @dataclass
@@ -22,10 +28,32 @@ class Scope:
     project_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # count, bytes
 
 
+def _restrict(stmt: Select, project: str | None, run_id: str | None) -> Select:  # type: ignore[type-arg]
+    if run_id is not None:
+        return stmt.where(Checkpoint.run_id == run_id)
+    if project is not None:
+        return stmt.where(
+            Checkpoint.run_id.in_(select(Run.id).join(Project).where(Project.name == project))
+        )
+    return stmt
+
+
+def _rows(session: Session, stmt: Select) -> list[Any]:  # type: ignore[type-arg]
+    """All rows of `stmt`. On PostgreSQL straight from the driver: its tuples already hold
+    UTC datetimes and parsed JSON, and a million rows skip SQLAlchemy's row processing."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        return list(conn.execute(stmt).all())
+    compiled = stmt.compile(dialect=conn.dialect)
+    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute(str(compiled), compiled.params)
+        return cursor.fetchall()  # type: ignore[no-any-return]
+
+
 def load_scope(session: Session, *, project: str | None = None, run_id: str | None = None) -> Scope:
     """Runs in scope (one run, one project, or the whole catalog) with their active
-    checkpoints, the checkpoints active runs resumed from, and per-project totals of
-    active checkpoints (the blast-radius base)."""
+    checkpoints, the checkpoints of the scope that active runs resumed from, and the
+    per-project totals of active checkpoints (the blast-radius base)."""
     run_stmt = select(
         Run.id,
         Project.name,
@@ -36,30 +64,10 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
         Run.resumed_from,
         Run.ended_at,
     ).join(Project, Project.id == Run.project_id)
-    ckpt_stmt = select(
-        Checkpoint.id,
-        Checkpoint.run_id,
-        Checkpoint.step,
-        Checkpoint.klass,
-        Checkpoint.size_bytes,
-        Checkpoint.created_at,
-        Checkpoint.metrics,
-        Checkpoint.pinned,
-    ).where(Checkpoint.state == "active")
-    loc_stmt = (
-        select(Location.checkpoint_id, Location.tier, Location.role)
-        .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
-        .where(Checkpoint.state == "active")
-    )
     if run_id is not None:
         run_stmt = run_stmt.where(Run.id == run_id)
-        ckpt_stmt = ckpt_stmt.where(Checkpoint.run_id == run_id)
-        loc_stmt = loc_stmt.where(Checkpoint.run_id == run_id)
     elif project is not None:
-        run_ids = select(Run.id).join(Project).where(Project.name == project)
         run_stmt = run_stmt.where(Project.name == project)
-        ckpt_stmt = ckpt_stmt.where(Checkpoint.run_id.in_(run_ids))
-        loc_stmt = loc_stmt.where(Checkpoint.run_id.in_(run_ids))
     runs = [
         RunSnapshot(
             id=r[0],
@@ -71,54 +79,63 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
             resumed_from=r[6],
             ended_at=r[7],
         )
-        for r in session.execute(run_stmt)
+        for r in _rows(session, run_stmt)
     ]
-    primary: dict[str, str] = {}
-    held_on: dict[str, set[str]] = defaultdict(set)
-    for checkpoint_id, tier, role in session.execute(loc_stmt):
-        held_on[checkpoint_id].add(tier)
-        if role == "primary":
-            primary[checkpoint_id] = tier
+    ckpt_stmt = _restrict(
+        select(
+            Checkpoint.id,
+            Checkpoint.run_id,
+            Checkpoint.step,
+            Checkpoint.klass,
+            Checkpoint.size_bytes,
+            Checkpoint.created_at,
+            Checkpoint.metrics,
+            Checkpoint.pinned,
+            Location.tier,
+        )
+        .outerjoin(
+            Location, and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
+        )
+        .where(Checkpoint.state == "active"),
+        project,
+        run_id,
+    )
+    replica_stmt = _restrict(
+        select(Location.checkpoint_id, Location.tier)
+        .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
+        .where(Location.role == "replica", Checkpoint.state == "active"),
+        project,
+        run_id,
+    )
+    replicas: dict[str, set[str]] = defaultdict(set)
+    for checkpoint_id, tier in _rows(session, replica_stmt):
+        replicas[checkpoint_id].add(tier)
     by_run: dict[str, list[CheckpointSnapshot]] = defaultdict(list)
-    for c in session.execute(ckpt_stmt):
-        by_run[c[1]].append(
-            CheckpointSnapshot(
-                id=c[0],
-                run_id=c[1],
-                step=c[2],
-                klass=c[3],
-                state="active",
-                size_bytes=c[4],
-                created_at=c[5],
-                tier=primary.get(c[0]),
-                tiers=frozenset(held_on.get(c[0], ())),
-                metrics=c[6] or {},
-                pinned=c[7],
+    single: dict[str | None, frozenset[str]] = {}  # one frozenset per tier, shared
+    make = CheckpointSnapshot._make
+    for cid, rid, step, klass, size, created, metrics, pinned, tier in _rows(session, ckpt_stmt):
+        extra = replicas.get(cid)
+        if extra:
+            held = frozenset((tier, *extra))
+        else:
+            held = single.get(tier) or single.setdefault(
+                tier, frozenset((tier,)) if tier else frozenset()
+            )
+        by_run[rid].append(
+            make(
+                (cid, rid, step, klass, "active", size, created, tier, held, metrics or {}, pinned)
             )
         )
-    resumed = {
-        cid
-        for cid in session.execute(
-            select(Run.resumed_from).where(Run.status == "active", Run.resumed_from.is_not(None))
-        ).scalars()
-        if cid is not None
-    }
-    projects = {r.project for r in runs}
-    totals_stmt = (
-        select(Project.name, func.count(), func.coalesce(func.sum(Checkpoint.size_bytes), 0))
-        .select_from(Checkpoint)
-        .join(Run, Run.id == Checkpoint.run_id)
-        .join(Project, Project.id == Run.project_id)
-        .where(Checkpoint.state == "active")
-        .group_by(Project.name)
+    resumed_stmt = select(Run.resumed_from).where(
+        Run.status == "active", Run.resumed_from.is_not(None)
     )
-    if len(projects) == 1:
-        totals_stmt = totals_stmt.where(Project.name == next(iter(projects)))
-    totals = {
-        name: (int(count), int(size))
-        for name, count, size in session.execute(totals_stmt)
-        if name in projects
-    }
+    if run_id is not None or project is not None:
+        in_scope = _restrict(select(Checkpoint.id), project, run_id)
+        resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
+    resumed = {cid for (cid,) in _rows(session, resumed_stmt) if cid is not None}
     return Scope(
-        runs=runs, checkpoints=dict(by_run), resumed_by_active=resumed, project_totals=totals
+        runs=runs,
+        checkpoints=dict(by_run),
+        resumed_by_active=resumed,
+        project_totals=project_totals(session, {r.project for r in runs}),
     )

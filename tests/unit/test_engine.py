@@ -830,7 +830,7 @@ def test_reason_texts() -> None:
     assert kept_reasons(plan, "run-1-500") == ("young: waiting, age 2d not reached",)
     assert kept_reasons(plan, "run-1-600") == (move.reason,)
     assert kept_reasons(plan, "run-1-700") == ("no rule applies",)
-    assert kept_reasons(plan, "run-1-800") == ("cool: nothing to do",)
+    assert kept_reasons(plan, "run-1-800") == ("cool: already on cold",)
     assert kept_reasons(plan, "run-1-1000") == ("cool: keep_every 1000 steps",)
 
 

@@ -1,0 +1,40 @@
+"""Per-run totals of active checkpoints, kept in step with every change of state."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import Project, Run
+
+
+def count_active(session: Session, run_id: str, *, checkpoints: int, size: int) -> None:
+    """Add (or with negative values remove) checkpoints to a run's active totals.
+    Call it in the transaction that changes the checkpoints' state."""
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id)
+        .values(
+            active_checkpoints=Run.active_checkpoints + checkpoints,
+            active_bytes=Run.active_bytes + size,
+        )
+    )
+
+
+def project_totals(session: Session, projects: Collection[str]) -> dict[str, tuple[int, int]]:
+    """project name -> (count, bytes) of its active checkpoints, across all its runs."""
+    if not projects:
+        return {}
+    rows = session.execute(
+        select(
+            Project.name,
+            func.coalesce(func.sum(Run.active_checkpoints), 0),
+            func.coalesce(func.sum(Run.active_bytes), 0),
+        )
+        .join(Run, Run.project_id == Project.id)
+        .where(Project.name.in_(list(projects)))
+        .group_by(Project.name)
+    ).all()
+    return {name: (int(count), int(size)) for name, count, size in rows}

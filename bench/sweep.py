@@ -1,0 +1,232 @@
+"""Sweep and evaluation cost against catalog size, on PostgreSQL.
+
+Bulk-loads a synthetic catalog (COPY) in three sizes, 100k, 300k and 1M active
+checkpoints (100 per run, so 1,000 / 3,000 / 10,000 runs), and at each size times
+  - a full dry-run plan of the whole catalog under policies/default.yaml, and
+  - a registration-triggered evaluation of one run (`run_sweep(run_id=...)`, ledger
+    writes included), over a sample of runs: p50 / p95 / max.
+
+    .venv/bin/python bench/sweep.py            # or: make bench-sweep
+
+Catalog shape per run: 80% of runs are active (3 rolling + 97 milestones), 20% ended
+40 days ago (3 rolling + 96 milestones + 1 final), so the plan has real work: thinning,
+cooling and archiving the ended runs, nothing for the active ones but keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.db.migrate import upgrade  # noqa: E402
+from app.db.session import make_engine, make_session_factory  # noqa: E402
+from app.domain.tier import Tier  # noqa: E402
+from app.services.ledger import run_sweep  # noqa: E402
+from app.services.planning import plan_catalog  # noqa: E402
+from app.services.policies import store_policy, validate_policy  # noqa: E402
+
+PG_HOST = os.environ.get("CKPT_BENCH_PG_HOST", "127.0.0.1")
+ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
+PER_RUN = 100
+TIERS = [
+    Tier(name=n, url=f"file:///srv/ckpt/{n}", rank=i)
+    for i, n in enumerate(("hot", "warm", "cold", "archive"))
+]
+
+
+def copy_rows(
+    conn: psycopg.Connection[Any], table: str, columns: list[str], rows: list[tuple[Any, ...]]
+) -> None:
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def load_runs(
+    conn: psycopg.Connection[Any], start: int, count: int, now: datetime, rng: random.Random
+) -> list[str]:
+    """Add `count` runs of PER_RUN active checkpoints each; returns their ids."""
+    run_rows, ckpt_rows, loc_rows, ids = [], [], [], []
+    for n in range(start, start + count):
+        run_id = f"run_{n:08d}{uuid.uuid4().hex[:12]}"
+        ended = n % 5 == 0
+        started = now - timedelta(days=90 if ended else 30)
+        run_rows.append(
+            (
+                run_id,
+                1,
+                f"run-{n}",
+                "completed" if ended else "active",
+                "{}",
+                None,
+                None,
+                started,
+                now - timedelta(days=40) if ended else None,
+            )
+        )
+        ids.append(run_id)
+        for k in range(PER_RUN):
+            step = (k + 1) * 1000
+            klass = "rolling" if k >= PER_RUN - 3 else "milestone"
+            if ended and k == PER_RUN - 4:
+                klass = "final"
+            cid = f"ckpt_{n:08d}{k:04d}{uuid.uuid4().hex[:8]}"
+            uri = f"file:///srv/ckpt/hot/bench/run-{n}/step-{step}"
+            created = started + timedelta(hours=6 * k)
+            metrics = json.dumps({"eval_loss": round(rng.uniform(1.5, 3.0), 4)})
+            ckpt_rows.append(
+                (
+                    cid,
+                    run_id,
+                    step,
+                    klass,
+                    "active",
+                    uri,
+                    10**12,
+                    metrics,
+                    "{}",
+                    False,
+                    created,
+                    created,
+                    created,
+                )
+            )
+            loc_rows.append((cid, "hot", uri, "primary"))
+    copy_rows(
+        conn,
+        "runs",
+        [
+            "id",
+            "project_id",
+            "name",
+            "status",
+            "labels",
+            "policy",
+            "resumed_from",
+            "started_at",
+            "ended_at",
+        ],
+        run_rows,
+    )
+    copy_rows(
+        conn,
+        "checkpoints",
+        [
+            "id",
+            "run_id",
+            "step",
+            "class",
+            "state",
+            "uri",
+            "size_bytes",
+            "metrics",
+            "labels",
+            "pinned",
+            "created_at",
+            "registered_at",
+            "committed_at",
+        ],
+        ckpt_rows,
+    )
+    copy_rows(conn, "locations", ["checkpoint_id", "tier", "uri", "role"], loc_rows)
+    return ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes",
+        default="100000,300000,1000000",
+        help="catalog sizes in active checkpoints, ascending",
+    )
+    parser.add_argument("--samples", type=int, default=50, help="single-run evaluations per size")
+    parser.add_argument("--keep-db", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    db = f"ckpt_bench_sweep_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{db}"')
+    url = f"postgresql+psycopg://postgres@{PG_HOST}:5432/{db}"
+    results: list[dict[str, Any]] = []
+    try:
+        upgrade(url)
+        engine = make_engine(url)
+        factory = make_session_factory(engine)
+        policy = validate_policy(
+            yaml.safe_load((ROOT / "policies/default.yaml").read_text()), [t.name for t in TIERS]
+        )
+        now = datetime.now(UTC)
+        with factory() as session:
+            store_policy(session, policy, source="bench", now=now)
+            session.commit()
+        rng = random.Random(7)
+        run_ids: list[str] = []
+        with psycopg.connect(f"host={PG_HOST} port=5432 user=postgres dbname={db}") as conn:
+            conn.execute("INSERT INTO projects (name, created_at) VALUES ('bench', now())")
+            conn.commit()
+            for size in sizes:
+                target_runs = size // PER_RUN
+                t0 = time.perf_counter()
+                run_ids += load_runs(conn, len(run_ids), target_runs - len(run_ids), now, rng)
+                conn.commit()
+                conn.execute("ANALYZE")
+                conn.commit()
+                load_s = time.perf_counter() - t0
+                with factory() as session:
+                    t0 = time.perf_counter()
+                    plan = plan_catalog(session, tiers=TIERS, now=now)
+                    plan_s = time.perf_counter() - t0
+                sample = rng.sample(run_ids, min(args.samples, len(run_ids)))
+                single = []
+                for run_id in sample:
+                    t0 = time.perf_counter()
+                    run_sweep(factory, tiers=TIERS, now=now, trigger="registration", run_id=run_id)
+                    single.append((time.perf_counter() - t0) * 1000)
+                single.sort()
+                row = {
+                    "checkpoints": size,
+                    "runs": len(run_ids),
+                    "load_s": round(load_s, 1),
+                    "full_plan_s": round(plan_s, 2),
+                    "planned_actions": len(plan.items),
+                    "kept": len(plan.kept),
+                    "single_run_p50_ms": round(statistics.median(single), 1),
+                    "single_run_p95_ms": round(single[int(0.95 * (len(single) - 1))], 1),
+                    "single_run_max_ms": round(single[-1], 1),
+                }
+                results.append(row)
+                print(json.dumps(row), flush=True)
+        engine.dispose()
+    finally:
+        if not args.keep_db:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    out = ROOT / "bench" / "results" / f"sweep-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    out.parent.mkdir(exist_ok=True)
+    machine = {
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+    }
+    out.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
