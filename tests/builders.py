@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
+from app.services.executor import Executor
 
 
 def make_run(
@@ -100,3 +107,150 @@ def list_all(
             return items, pages
         assert len(page["items"]) == limit, page
         assert pages < 10_000, "the cursor never ends"
+
+
+# --- lifecycle: checkpoints on the local tiers, the ledger, the worker ---------------------
+
+
+def iso(moment: datetime) -> str:
+    """An ISO 8601 UTC timestamp as the API takes it."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def step_files(step: int, n: int = 2, size: int = 64) -> dict[str, bytes]:
+    """`n` small files whose bytes differ from step to step (a copy of the wrong step shows)."""
+    return {f"shard-{i}.bin": (f"step {step} shard {i};".encode() * size)[:size] for i in range(n)}
+
+
+def file_entries(files: dict[str, bytes], *, checksums: bool = True) -> list[dict[str, Any]]:
+    """The manifest of `files`, with sha256 checksums unless told otherwise."""
+    return [
+        {
+            "path": path,
+            "size_bytes": len(data),
+            **({"sha256": hashlib.sha256(data).hexdigest()} if checksums else {}),
+        }
+        for path, data in sorted(files.items())
+    ]
+
+
+def step_dir(data_dir: Path, tier: str, run: dict[str, Any], step: int) -> Path:
+    """Where the service places a step on a default local tier."""
+    return data_dir / tier / run["project"] / run["name"] / f"step-{step}"
+
+
+def place_checkpoint(
+    client: TestClient | httpx.Client,
+    data_dir: Path,
+    run: dict[str, Any],
+    step: int,
+    klass: str = "rolling",
+    *,
+    tier: str = "hot",
+    files: dict[str, bytes] | None = None,
+    created_at: datetime | None = None,
+    checksums: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write a step's files on `tier` where the service itself would put them and register
+    them (back-dated by an hour unless `created_at` is given, so no grace period applies)."""
+    contents = files if files is not None else step_files(step)
+    root = step_dir(data_dir, tier, run, step)
+    uri = write_checkpoint(root.parent, root.name, contents)
+    when = created_at or datetime.now(UTC) - timedelta(hours=1)
+    response = register(
+        client,
+        run["id"],
+        step,
+        uri,
+        klass,
+        files=file_entries(contents, checksums=checksums),
+        created_at=iso(when),
+        **extra,
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` by its relative path; {} when `root` does not exist."""
+    if not root.exists():
+        return {}
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def end_run(
+    client: TestClient | httpx.Client,
+    run_id: str,
+    ended_at: datetime,
+    status: str = "completed",
+) -> dict[str, Any]:
+    response = client.patch(
+        f"/v1/runs/{run_id}", json={"status": status, "ended_at": iso(ended_at)}
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def fetch_checkpoint(client: TestClient | httpx.Client, checkpoint_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/checkpoints/{checkpoint_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def ledger(client: TestClient | httpx.Client, **filters: Any) -> list[dict[str, Any]]:
+    """Every action of GET /v1/actions matching `filters`, all pages."""
+    items, _pages = list_all(client, "/v1/actions", 1000, **filters)
+    return items
+
+
+def sweep_now(client: TestClient | httpx.Client, **body: Any) -> dict[str, Any]:
+    """POST /v1/sweeps; must answer 202 with the sweep id and the ids it created."""
+    response = client.post("/v1/sweeps", json=body or None)
+    assert response.status_code == 202, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def put_policy(client: TestClient | httpx.Client, text: str) -> dict[str, Any]:
+    """PUT a YAML policy; its name is read from the text."""
+    name = yaml.safe_load(text)["name"]
+    response = client.put(
+        f"/v1/policies/{name}", content=text, headers={"content-type": "application/yaml"}
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def make_executor(
+    app: FastAPI,
+    *,
+    trash_retention: timedelta = timedelta(days=7),
+    clock: Callable[[], datetime] | None = None,
+) -> Executor:
+    """A worker on the app's database and tiers (tests drain it themselves)."""
+    if clock is None:
+        return Executor(app.state.session_factory, app.state.tiers, trash_retention=trash_retention)
+    return Executor(
+        app.state.session_factory, app.state.tiers, trash_retention=trash_retention, clock=clock
+    )
+
+
+def ago(**delta: float) -> datetime:
+    """That long before now (UTC): `ago(days=8)`."""
+    return datetime.now(UTC) - timedelta(**delta)
+
+
+def tier_usage(client: TestClient | httpx.Client) -> dict[str, dict[str, int]]:
+    """GET /v1/tiers as {tier name: {bytes, checkpoints}}."""
+    response = client.get("/v1/tiers")
+    assert response.status_code == 200, response.text
+    return {t["name"]: t["usage"] for t in response.json()["items"]}

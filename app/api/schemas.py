@@ -106,7 +106,7 @@ class CheckpointCreate(Strict):
     created_at: Timestamp | None = None
     committed: Annotated[bool, Field(strict=True)] = True
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class CheckpointCommit(Strict):

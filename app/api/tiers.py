@@ -6,15 +6,21 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, TiersDep
+from app.api.deps import Cursor, Limit, SessionDep, TiersDep
 from app.api.schemas import Health, Page, PriceRead, TierRead, TierUsage
+from app.services.pagination import decode_cursor, encode_cursor
 from app.services.tiers import tier_usage
 
 router = APIRouter(tags=["tiers"])
 
 
 @router.get("/v1/tiers")
-def list_tiers(session: SessionDep, tiers: TiersDep) -> Page[TierRead]:
+def list_tiers(
+    session: SessionDep, tiers: TiersDep, limit: Limit = 100, cursor: Cursor = None
+) -> Page[TierRead]:
+    """Hottest first, with what each holds now (active and trashed checkpoints)."""
+    start = decode_cursor(cursor, int)[0] + 1 if cursor is not None else 0
+    page = tiers[start : start + limit]
     usage = tier_usage(session)
     items = [
         TierRead(
@@ -28,9 +34,10 @@ def list_tiers(session: SessionDep, tiers: TiersDep) -> Page[TierRead]:
                 bytes=usage.get(tier.name, (0, 0))[0], checkpoints=usage.get(tier.name, (0, 0))[1]
             ),
         )
-        for tier in tiers
+        for tier in page
     ]
-    return Page[TierRead](items=items, next_cursor=None)
+    more = start + limit < len(tiers)
+    return Page[TierRead](items=items, next_cursor=encode_cursor(page[-1].rank) if more else None)
 
 
 @router.get("/healthz", tags=["health"])
