@@ -35,7 +35,8 @@ def _field(loc: tuple[Any, ...]) -> str:
 async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, AppError)
     extra = {"field": error.field} if error.field else {}
-    detail = f"{error.field}: {error.message}" if error.field else error.message
+    named = error.field and not error.message.startswith(error.field)
+    detail = f"{error.field}: {error.message}" if named else error.message
     return problem(error.status, error.title, detail, **extra)
 
 
