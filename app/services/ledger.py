@@ -53,6 +53,7 @@ def run_sweep(
 
     Idempotent: a checkpoint with an open action of the same kind and target gets no second
     one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
+    A registration-triggered evaluation that adds nothing leaves no sweep row behind.
     """
     session = factory()
     try:
@@ -93,6 +94,8 @@ def run_sweep(
                 sweep.held += item.state == "held"
             sweep.actions = len(created)
             sweep.finished_at = now
+            if not created and trigger == "registration":
+                session.expunge(sweep)
             session.commit()
             return sweep.id, created
     except BaseException:

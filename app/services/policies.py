@@ -121,13 +121,30 @@ def delete_policy(session: Session, name: str) -> None:
     session.flush()
 
 
+# Evaluations run per registration: validate each stored version of a policy once.
+_validated: dict[tuple[str, datetime, tuple[str, ...]], Policy] = {}
+
+
 def active_policies(session: Session, tiers: list[str]) -> list[Policy]:
     """Every stored policy that still validates against today's tiers; one that no longer
     does (a tier was removed) is never run."""
     policies = []
-    for row in list_policy_rows(session):
+    rows = session.execute(select(PolicyRow.name, PolicyRow.updated_at)).all()
+    for name, updated_at in rows:
+        key = (name, updated_at, tuple(tiers))
+        cached = _validated.get(key)
+        if cached is not None:
+            policies.append(cached)
+            continue
+        row = session.get(PolicyRow, name)
+        if row is None:
+            continue
         try:
-            policies.append(Policy.model_validate(row.document, context={"tiers": tiers}))
+            policy = Policy.model_validate(row.document, context={"tiers": tiers})
+            if len(_validated) > 1000:  # old versions of edited policies
+                _validated.clear()
+            _validated[key] = policy
+            policies.append(policy)
         except ValidationError as error:
             log.error(
                 "stored policy no longer validates; it is not run",
