@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import BackgroundTasks, Depends, Query, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
 
 
-def _session(request: Request) -> Iterator[Session]:
+async def _session(request: Request) -> AsyncIterator[Session]:
+    """Commit on success, roll back on error, close always. Creating a session does no I/O,
+    so only a request that used the database pays a thread for its commit or rollback."""
     session: Session = request.app.state.session_factory()
     try:
         yield session
-        session.commit()
+        if session.in_transaction():
+            await run_in_threadpool(session.commit)
     except BaseException:
-        session.rollback()
+        if session.in_transaction():
+            await run_in_threadpool(session.rollback)
         raise
     finally:
-        session.close()
+        session.close()  # no transaction is left open here, so this does no I/O
 
 
 async def _tiers(request: Request) -> list[Tier]:
@@ -38,8 +43,11 @@ async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[
     """Queue a run's policy evaluation for after the response (so after the commit)."""
     runtime = request.app.state.runtime
 
+    async def queue(run_id: str) -> None:  # on the event loop: no thread for a set insert
+        runtime.request_evaluation(run_id)
+
     def later(run_id: str) -> None:
-        tasks.add_task(runtime.request_evaluation, run_id)
+        tasks.add_task(queue, run_id)
 
     return later
 

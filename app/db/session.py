@@ -57,7 +57,7 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_recycle=1800,  # not pre-ping: a round trip on every checkout is a registration's cost
         connect_args={"options": "-c timezone=UTC"},
         json_serializer=_json_dumps,
         json_deserializer=orjson.loads,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
+    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
+from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from app.domain.errors import Invalid
@@ -51,7 +53,7 @@ class Tier:
 
     @property
     def parsed(self) -> ParsedUrl:
-        return parse_url(self.url, field_name="url")
+        return _parse_tier_url(self.url)
 
     @property
     def is_local(self) -> bool:
@@ -65,6 +67,11 @@ class Located:
     tier: Tier
     uri: str
     key: str
+
+
+@lru_cache(maxsize=256)
+def _parse_tier_url(url: str) -> ParsedUrl:
+    return parse_url(url, field_name="url")
 
 
 def parse_url(url: str, *, field_name: str) -> ParsedUrl:
@@ -137,11 +144,33 @@ def locate(uri: str, tiers: list[Tier], *, field_name: str = "uri") -> Located:
         raise Invalid(
             f"{uri!r} is the root of tier {tier.name!r}, not a checkpoint", field=field_name
         )
-    if parsed.scheme == "file":
-        root = os.path.realpath(tier.parsed.path)
-        real = os.path.realpath(parsed.path)
-        if real != root and not real.startswith(root.rstrip("/") + "/"):
-            raise Invalid(
-                f"{uri!r} leads outside tier {tier.name!r} through a symlink", field=field_name
-            )
+    if parsed.scheme == "file" and _leaves_by_symlink(tier.parsed.path, key):
+        raise Invalid(
+            f"{uri!r} leads outside tier {tier.name!r} through a symlink", field=field_name
+        )
     return Located(tier=tier, uri=tier.parsed.join(key), key=key)
+
+
+@lru_cache(maxsize=256)
+def real_root(path: str) -> str:
+    """A tier root's real path (tier roots do not move while the service runs)."""
+    return os.path.realpath(path)
+
+
+def _leaves_by_symlink(root: str, key: str) -> bool:
+    """Whether a symlink among the components of `key` below `root` leads outside the
+    tier. Only the components below the root are looked at, one lstat each, which is
+    what makes this cheap enough for every registration."""
+    base = real_root(root)
+    current = base
+    for part in key.split("/"):
+        current = f"{current}/{part}"
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError:
+            return False  # the rest does not exist yet: nothing to follow
+        if stat.S_ISLNK(mode):
+            current = os.path.realpath(current)
+            if current != base and not current.startswith(base.rstrip("/") + "/"):
+                return True
+    return False

@@ -19,6 +19,7 @@ from app.services.ledger import enqueue_due_purges, run_sweep
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
 IDLE_POLL_SECONDS = 1.0
+COALESCE_SECONDS = 0.05
 
 
 def _now() -> datetime:
@@ -142,6 +143,10 @@ class Runtime:
             with self._cond:
                 while not self._pending and not self._stop.is_set():
                     self._cond.wait()
+            # A job registering in a burst (or many jobs at once) needs one evaluation of
+            # each run per window, not one per registration.
+            self._stop.wait(COALESCE_SECONDS)
+            with self._cond:
                 batch, self._pending = self._pending, set()
                 self._busy += 1
             try:

@@ -7,17 +7,16 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
+from app.services.checkpoint_insert import insert_checkpoint
 from app.services.manifest import list_manifest, normalise, require_exists, same_files, total_size
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.runs import get_run
-from app.services.upsert import insert_ignoring_conflicts
 from app.services.usage import count_active
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
@@ -121,23 +120,11 @@ def register_checkpoint(
         "storage_class": located.tier.storage_class,
         "role": "primary",
     }
-    row = {("class" if k == "klass" else k): v for k, v in values.items()}
-    try:
-        inserted = session.execute(
-            insert_ignoring_conflicts(session, Checkpoint)
-            .values(row)
-            .returning(Checkpoint.__table__.c.id)
-        ).scalar_one_or_none()
-    except IntegrityError:  # the only constraint left to break is the run's foreign key
-        raise NotFound(f"no run has id {run_id!r}", field="run_id") from None
-    if inserted is None:
+    if not insert_checkpoint(session, values, location):
         existing = _by_step(session, run_id, reg.step)
         assert existing is not None  # the conflicting row is committed, or we would have waited
         _check_same_content(existing, reg, located.uri, files)
         return _commit_if_writing(session, existing, reg, located, files, now), False
-    session.execute(insert_ignoring_conflicts(session, Location).values(location))
-    if reg.committed:
-        count_active(session, run_id, checkpoints=1, size=size)
     # Answer from what was written: no second round trip to read it back.
     checkpoint = Checkpoint(**values)
     checkpoint.locations = [Location(**location)]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Project, Run
@@ -13,12 +14,13 @@ from app.db.models import Project, Run
 def count_active(session: Session, run_id: str, *, checkpoints: int, size: int) -> None:
     """Add (or with negative values remove) checkpoints to a run's active totals.
     Call it in the transaction that changes the checkpoints' state."""
-    session.execute(
-        update(Run)
-        .where(Run.id == run_id)
+    runs = cast(Table, Run.__table__)
+    session.connection().execute(  # Core, not ORM: no identity-map synchronisation to pay for
+        update(runs)
+        .where(runs.c.id == run_id)
         .values(
-            active_checkpoints=Run.active_checkpoints + checkpoints,
-            active_bytes=Run.active_bytes + size,
+            active_checkpoints=runs.c.active_checkpoints + checkpoints,
+            active_bytes=runs.c.active_bytes + size,
         )
     )
 

@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from app.domain.tier import real_root
 from app.storage.base import ObjectInfo, ObjectMissing, UnsafePath
 
 CHUNK = 8 * 1024 * 1024
@@ -14,7 +15,7 @@ CHUNK = 8 * 1024 * 1024
 
 class LocalStorage:
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(os.path.realpath(root))
+        self.root = Path(real_root(str(root)))
 
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root

@@ -1,0 +1,110 @@
+"""Writing a new checkpoint: its row, its primary location and its run's active totals.
+
+On PostgreSQL this is one statement (data-modifying CTEs) on an autocommit connection:
+atomic on its own, and one round trip instead of five (BEGIN, three writes, COMMIT),
+which is most of what a registration costs. Elsewhere the three writes run in the
+request's transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import orjson
+import psycopg
+from sqlalchemy import Engine, Table, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.db.models import Checkpoint, Location, Run
+from app.domain.errors import NotFound
+from app.services.upsert import insert_ignoring_conflicts
+
+_PG_INSERT = """
+    WITH c AS (
+        INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
+                                 metrics, labels, pinned, pin_reason, created_at,
+                                 registered_at, committed_at)
+        VALUES (%(id)s, %(run_id)s, %(step)s, %(klass)s, %(state)s, %(uri)s,
+                %(size_bytes)s, CAST(%(files)s AS JSON), CAST(%(metrics)s AS JSON),
+                CAST(%(labels)s AS JSON), false, NULL, %(created_at)s, %(registered_at)s,
+                %(committed_at)s)
+        ON CONFLICT DO NOTHING
+        RETURNING id, run_id, size_bytes, state
+    ), l AS (
+        INSERT INTO locations (checkpoint_id, tier, uri, storage_class, role)
+        SELECT id, %(tier)s, %(uri)s, %(storage_class)s, 'primary' FROM c
+    ), u AS (
+        UPDATE runs SET active_checkpoints = runs.active_checkpoints + 1,
+                        active_bytes = runs.active_bytes + c.size_bytes
+        FROM c WHERE runs.id = c.run_id AND c.state = 'active'
+    )
+    SELECT id FROM c
+"""
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    """Insert unless the run already has that step; returns whether it was inserted.
+    Raises NotFound when the run does not exist."""
+    try:
+        if session.get_bind().dialect.name == "postgresql":
+            return _insert_postgresql(session, values, location)
+        return _insert_in_session(session, values, location)
+    except IntegrityError:  # the only constraint left to break is the run's foreign key
+        raise NotFound(f"no run has id {values['run_id']!r}", field="run_id") from None
+
+
+def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    params = {
+        **values,
+        "files": _json(values["files"]),
+        "metrics": _json(values["metrics"]),
+        "labels": _json(values["labels"]),
+        "tier": location["tier"],
+        "storage_class": location["storage_class"],
+    }
+    engine = session.get_bind()
+    assert isinstance(engine, Engine)
+    raw = engine.raw_connection()  # the driver's own connection, from the pool
+    try:
+        driver = raw.driver_connection
+        assert driver is not None
+        driver.autocommit = True
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(_PG_INSERT, params)
+                return cursor.fetchone() is not None
+        except psycopg.errors.ForeignKeyViolation as error:
+            raise IntegrityError(_PG_INSERT, params, error) from error
+        finally:
+            driver.autocommit = False
+    finally:
+        raw.close()  # back to the pool
+
+
+def _insert_in_session(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    row = {("class" if k == "klass" else k): v for k, v in values.items()}
+    conn = session.connection()
+    inserted = conn.execute(
+        insert_ignoring_conflicts(session, Checkpoint)
+        .values(row)
+        .returning(Checkpoint.__table__.c.id)
+    ).first()
+    if inserted is None:
+        return False
+    conn.execute(insert_ignoring_conflicts(session, Location).values(location))
+    if values["state"] == "active":
+        runs = cast(Table, Run.__table__)
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == values["run_id"])
+            .values(
+                active_checkpoints=runs.c.active_checkpoints + 1,
+                active_bytes=runs.c.active_bytes + values["size_bytes"],
+            )
+        )
+    return True
