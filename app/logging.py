@@ -41,6 +41,8 @@ def configure_logging(level: str = "INFO") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
+    # Every job run would be two lines every 30 s; our jobs log what they did themselves.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 UVICORN_LOG_CONFIG: dict[str, Any] = {"version": 1, "disable_existing_loggers": False}
