@@ -41,6 +41,12 @@ def _serve(settings: Settings, *, factory: str, workers: int) -> None:
         "starting",
         extra={"host": settings.host, "port": settings.port, "auth": settings.auth},
     )
+    if settings.auth == "on":
+        # Tokens and scopes are not built yet: say so rather than imply a protection.
+        log.warning(
+            "access control is not enforced yet: any client that reaches this address may "
+            "change the catalog; listen on a loopback or private address only"
+        )
     uvicorn.run(
         factory,
         factory=True,
