@@ -205,7 +205,8 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
 
     @cli.command()
     def scheduler() -> None:
-        """Periodic sweep and purge (several replicas are safe: sweeps take a lock)."""
+        """Periodic sweep and purge, and the evaluations registrations ask for (several
+        replicas are safe: evaluations take a lock)."""
         ctx = prepare()
         settings = ctx.settings
         configure_logging()
@@ -216,7 +217,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             trash_retention=settings.trash_retention,
             worker=False,
             scheduler=True,
-            evaluator=False,
+            evaluator=True,
         )
         _run_until_signal(runtime)
 

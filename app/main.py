@@ -30,7 +30,7 @@ class Roles:
 
 
 SERVE = Roles()
-API_ONLY = Roles(worker=False, scheduler=False, evaluator=True)
+API_ONLY = Roles(worker=False, scheduler=False, evaluator=False)  # `ckpt scheduler` evaluates
 NO_BACKGROUND = Roles(worker=False, scheduler=False, evaluator=False)
 
 
@@ -94,5 +94,6 @@ def create_app(
 
 
 def create_api_app() -> FastAPI:
-    """Factory for `ckpt api`: the API and registration-triggered evaluations only."""
+    """Factory for `ckpt api`: the API only. The evaluations its registrations ask for are
+    recorded in the database and made by `ckpt scheduler` (or `ckpt serve`)."""
     return create_app(roles=API_ONLY)

@@ -53,6 +53,7 @@ class Run(Base):
         UniqueConstraint("project_id", "name"),
         Index("ix_runs_status_ended_at", "status", "ended_at"),
         Index("ix_runs_resumed_from", "resumed_from"),
+        Index("ix_runs_evaluate_requested_at", "evaluate_requested_at"),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -68,6 +69,9 @@ class Run(Base):
     # is a sum over its runs, not a scan of millions of checkpoints.
     active_checkpoints: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     active_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Set by a registration, commit or update: the run's policy must be evaluated again.
+    # Durable, so any scheduler replica picks it up and a crash loses no request.
+    evaluate_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     project: Mapped[Project] = relationship(lazy="raise")
 

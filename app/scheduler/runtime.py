@@ -14,12 +14,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.session import session_scope
 from app.domain.tier import Tier
 from app.services.executor import Executor
-from app.services.ledger import enqueue_due_purges, run_sweep
+from app.services.ledger import enqueue_due_purges, requested_evaluations, run_sweep
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
 IDLE_POLL_SECONDS = 1.0
+EVALUATION_POLL_SECONDS = 0.5  # requests made by other processes (API replicas)
 COALESCE_SECONDS = 0.05
+REQUEST_BATCH = 200
 
 
 def _now() -> datetime:
@@ -46,7 +48,7 @@ class Runtime:
         self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._pending: set[str] = set()
+        self._evaluate = threading.Event()
         self._busy = 0
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -84,6 +86,7 @@ class Runtime:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._evaluate.set()
         with self._cond:
             self._cond.notify_all()
         if self._scheduler is not None:
@@ -131,52 +134,65 @@ class Runtime:
     # -- registration-triggered evaluation -------------------------------------------------
 
     def request_evaluation(self, run_id: str) -> None:
-        """Evaluate this run soon, off the request path; repeated requests coalesce."""
-        if not self.roles["evaluator"]:
-            return
-        with self._cond:
-            self._pending.add(run_id)
-            self._cond.notify()
+        """A run's evaluation was asked for (the request itself is already in the database):
+        look now rather than at the next poll."""
+        if self.roles["evaluator"]:
+            self._evaluate.set()
 
     def _evaluator_loop(self) -> None:
         while not self._stop.is_set():
-            with self._cond:
-                while not self._pending and not self._stop.is_set():
-                    self._cond.wait()
+            self._evaluate.wait(EVALUATION_POLL_SECONDS)
+            self._evaluate.clear()
             # A job registering in a burst (or many jobs at once) needs one evaluation of
             # each run per window, not one per registration.
             self._stop.wait(COALESCE_SECONDS)
-            with self._cond:
-                batch, self._pending = self._pending, set()
-                self._busy += 1
             try:
-                for run_id in batch:
+                self._evaluate_requested()
+            except Exception:
+                log.exception("evaluation of requested runs failed")
+
+    def _evaluate_requested(self) -> None:
+        with self._cond:
+            self._busy += 1
+        try:
+            while not self._stop.is_set():
+                now = _now()
+                with session_scope(self.factory) as session:
+                    batch = requested_evaluations(session, before=now)
+                for run_id, requested_at in batch:
                     try:
                         run_sweep(
                             self.factory,
                             tiers=self.tiers,
-                            now=_now(),
+                            now=now,
                             trigger="registration",
                             run_id=run_id,
+                            answers_request=requested_at,
                         )
                     except Exception:
                         log.exception("evaluation failed", extra={"run_id": run_id})
-                self.wake_workers()
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+                if batch:
+                    self.wake_workers()
+                if len(batch) < REQUEST_BATCH:
+                    return
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Block until queued evaluations are done (tests, graceful shutdown)."""
+        """Block until no run waits for its evaluation (tests, graceful shutdown)."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._pending or self._busy:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-        return True
+        while time.monotonic() < deadline:
+            with session_scope(self.factory) as session:
+                waiting = requested_evaluations(session, before=_now() + timedelta(days=1), limit=1)
+            with self._cond:
+                busy = self._busy
+            if not waiting and not busy:
+                return True
+            self._evaluate.set()
+            time.sleep(0.02)
+        return False
 
     # -- worker ----------------------------------------------------------------------------
 

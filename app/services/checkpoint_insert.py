@@ -1,4 +1,5 @@
-"""Writing a new checkpoint: its row, its primary location and its run's active totals.
+"""Writing a new checkpoint: its row, its primary location, its run's active totals and
+the request to evaluate the run again.
 
 On PostgreSQL this is one statement (data-modifying CTEs) on an autocommit connection:
 atomic on its own, and one round trip instead of five (BEGIN, three writes, COMMIT),
@@ -12,7 +13,7 @@ from typing import Any, cast
 
 import orjson
 import psycopg
-from sqlalchemy import Engine, Table, update
+from sqlalchemy import Engine, Table, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -36,7 +37,9 @@ _PG_INSERT = """
         SELECT id, %(tier)s, %(uri)s, %(storage_class)s, 'primary' FROM c
     ), u AS (
         UPDATE runs SET active_checkpoints = runs.active_checkpoints + 1,
-                        active_bytes = runs.active_bytes + c.size_bytes
+                        active_bytes = runs.active_bytes + c.size_bytes,
+                        evaluate_requested_at = COALESCE(runs.evaluate_requested_at,
+                                                         %(registered_at)s)
         FROM c WHERE runs.id = c.run_id AND c.state = 'active'
     )
     SELECT id FROM c
@@ -105,6 +108,9 @@ def _insert_in_session(session: Session, values: dict[str, Any], location: dict[
             .values(
                 active_checkpoints=runs.c.active_checkpoints + 1,
                 active_bytes=runs.c.active_bytes + values["size_bytes"],
+                evaluate_requested_at=func.coalesce(
+                    runs.c.evaluate_requested_at, values["registered_at"]
+                ),
             )
         )
     return True

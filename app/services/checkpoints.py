@@ -166,7 +166,9 @@ def _apply_commit(
         checkpoint.metrics = {**checkpoint.metrics, **metrics}
     checkpoint.state = "active"
     checkpoint.committed_at = now
-    count_active(session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes)
+    count_active(
+        session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
+    )
 
 
 def commit_checkpoint(

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Action, Checkpoint, Sweep
+from app.db.models import Action, Checkpoint, Run, Sweep
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier
@@ -48,8 +48,11 @@ def run_sweep(
     project: str | None = None,
     run_id: str | None = None,
     policy: Policy | None = None,
+    answers_request: datetime | None = None,
 ) -> tuple[str, list[str]]:
     """Evaluate and write every planned action to the ledger; returns (sweep id, action ids).
+    With `answers_request` (one run's `evaluate_requested_at`), that request is cleared in
+    the same transaction, unless a newer one arrived meanwhile.
 
     Idempotent: a checkpoint with an open action of the same kind and target gets no second
     one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
@@ -96,6 +99,13 @@ def run_sweep(
             sweep.finished_at = now
             if not created and trigger == "registration":
                 session.expunge(sweep)
+            if answers_request is not None and run_id is not None:
+                session.execute(
+                    update(Run)
+                    .where(Run.id == run_id, Run.evaluate_requested_at <= answers_request)
+                    .values(evaluate_requested_at=None)
+                    .execution_options(synchronize_session=False)
+                )
             session.commit()
             return sweep.id, created
     except BaseException:
@@ -103,6 +113,19 @@ def run_sweep(
         raise
     finally:
         session.close()
+
+
+def requested_evaluations(
+    session: Session, *, before: datetime, limit: int = 200
+) -> list[tuple[str, datetime]]:
+    """Runs whose evaluation was asked for before `before`, oldest request first."""
+    rows = session.execute(
+        select(Run.id, Run.evaluate_requested_at)
+        .where(Run.evaluate_requested_at.is_not(None), Run.evaluate_requested_at <= before)
+        .order_by(Run.evaluate_requested_at)
+        .limit(limit)
+    ).all()
+    return [(run_id, at) for run_id, at in rows if at is not None]
 
 
 def new_action(
@@ -297,7 +320,9 @@ def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
         purge.finished_at = now
     checkpoint.state = "active"
     checkpoint.trashed_at = None
-    count_active(session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes)
+    count_active(
+        session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
+    )
     session.flush()
     return checkpoint
 

@@ -139,5 +139,6 @@ def update_run(session: Session, *, run_id: str, changes: dict[str, Any], now: d
     elif run.status == "active" or run.ended_at is None:
         run.ended_at = now
     run.status = status
+    run.evaluate_requested_at = run.evaluate_requested_at or now
     session.flush()
     return view

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import cast
+from datetime import datetime
+from typing import Any, cast
 
 from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
@@ -11,18 +12,26 @@ from sqlalchemy.orm import Session
 from app.db.models import Project, Run
 
 
-def count_active(session: Session, run_id: str, *, checkpoints: int, size: int) -> None:
-    """Add (or with negative values remove) checkpoints to a run's active totals.
-    Call it in the transaction that changes the checkpoints' state."""
+def count_active(
+    session: Session,
+    run_id: str,
+    *,
+    checkpoints: int,
+    size: int,
+    evaluate_at: datetime | None = None,
+) -> None:
+    """Add (or with negative values remove) checkpoints to a run's active totals, and with
+    `evaluate_at` ask for the run's evaluation. Call it in the transaction that changes
+    the checkpoints' state."""
     runs = cast(Table, Run.__table__)
-    session.connection().execute(  # Core, not ORM: no identity-map synchronisation to pay for
-        update(runs)
-        .where(runs.c.id == run_id)
-        .values(
-            active_checkpoints=runs.c.active_checkpoints + checkpoints,
-            active_bytes=runs.c.active_bytes + size,
-        )
-    )
+    values: dict[str, Any] = {
+        "active_checkpoints": runs.c.active_checkpoints + checkpoints,
+        "active_bytes": runs.c.active_bytes + size,
+    }
+    if evaluate_at is not None:
+        values["evaluate_requested_at"] = func.coalesce(runs.c.evaluate_requested_at, evaluate_at)
+    # Core, not ORM: no identity-map synchronisation to pay for
+    session.connection().execute(update(runs).where(runs.c.id == run_id).values(values))
 
 
 def project_totals(session: Session, projects: Collection[str]) -> dict[str, tuple[int, int]]:
