@@ -89,6 +89,19 @@ class Context:
     tiers: list[Tier]
 
 
+def _runtime(ctx: Context, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
+    configure_logging()
+    return Runtime(
+        ctx.factory,
+        ctx.tiers,
+        sweep_interval=ctx.settings.sweep_interval,
+        trash_retention=ctx.settings.trash_retention,
+        worker=worker,
+        scheduler=scheduler,
+        evaluator=evaluator,
+    )
+
+
 def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
     """Add the lifecycle commands to `cli`; `load` validates settings or exits."""
 
@@ -186,18 +199,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         once: Annotated[bool, typer.Option(help="execute what is due, then exit")] = False,
     ) -> None:
         """Execute ledger actions (run as many as you like)."""
-        ctx = prepare()
-        settings = ctx.settings
-        configure_logging()
-        runtime = Runtime(
-            ctx.factory,
-            ctx.tiers,
-            sweep_interval=settings.sweep_interval,
-            trash_retention=settings.trash_retention,
-            worker=True,
-            scheduler=False,
-            evaluator=False,
-        )
+        runtime = _runtime(prepare(), worker=True, scheduler=False, evaluator=False)
         if once:
             console.print(f"{runtime.executor.drain()} actions executed")
             return
@@ -207,18 +209,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
     def scheduler() -> None:
         """Periodic sweep and purge, and the evaluations registrations ask for (several
         replicas are safe: evaluations take a lock)."""
-        ctx = prepare()
-        settings = ctx.settings
-        configure_logging()
-        runtime = Runtime(
-            ctx.factory,
-            ctx.tiers,
-            sweep_interval=settings.sweep_interval,
-            trash_retention=settings.trash_retention,
-            worker=False,
-            scheduler=True,
-            evaluator=True,
-        )
+        runtime = _runtime(prepare(), worker=False, scheduler=True, evaluator=True)
         _run_until_signal(runtime)
 
     cli.add_typer(policy_cli, name="policy")

@@ -271,24 +271,26 @@ def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Actio
     return action
 
 
-def _withdraw_deletes(session: Session, checkpoint_id: str, now: datetime) -> None:
-    """Cancel deletes not executed yet, so an undeleted checkpoint is not trashed later."""
-    deletes = list(
+def _cancel_open(
+    session: Session, checkpoint_id: str, kind: str, now: datetime, *, busy: str, why: str
+) -> None:
+    """Cancel the checkpoint's open actions of `kind`; Conflict (`busy`) if one is running."""
+    actions = list(
         session.execute(
             select(Action).where(
                 Action.checkpoint_id == checkpoint_id,
-                Action.kind == "delete",
+                Action.kind == kind,
                 Action.state.in_(OPEN_STATES),
             )
         ).scalars()
     )
-    if any(d.state == "running" for d in deletes):
-        raise Conflict("it is being moved to the trash right now; try again", field="state")
-    for delete in deletes:
-        delete.state = "cancelled"
-        delete.error = "withdrawn by undelete"
-        delete.updated_at = now
-        delete.finished_at = now
+    if any(a.state == "running" for a in actions):
+        raise Conflict(busy, field="state")
+    for action in actions:
+        action.state = "cancelled"
+        action.error = why
+        action.updated_at = now
+        action.finished_at = now
     session.flush()
 
 
@@ -297,27 +299,27 @@ def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
     not been executed yet, the delete itself)."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if checkpoint.state == "active":
-        _withdraw_deletes(session, checkpoint_id, now)
+        _cancel_open(
+            session,
+            checkpoint_id,
+            "delete",
+            now,
+            busy="it is being moved to the trash right now; try again",
+            why="withdrawn by undelete",
+        )
         return checkpoint
     if checkpoint.state != "trashed":
         raise Conflict(
             f"checkpoint is {checkpoint.state}; only a trashed one can come back", field="state"
         )
-    purges = list(
-        session.execute(
-            select(Action).where(
-                Action.checkpoint_id == checkpoint_id,
-                Action.kind == "purge",
-                Action.state.in_(OPEN_STATES),
-            )
-        ).scalars()
+    _cancel_open(
+        session,
+        checkpoint_id,
+        "purge",
+        now,
+        busy="its bytes are being purged right now",
+        why="withdrawn by undelete",
     )
-    if any(p.state == "running" for p in purges):
-        raise Conflict("its bytes are being purged right now", field="state")
-    for purge in purges:
-        purge.state = "cancelled"
-        purge.updated_at = now
-        purge.finished_at = now
     checkpoint.state = "active"
     checkpoint.trashed_at = None
     count_active(
