@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from app.api.convert import checkpoint_read
 from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, SessionDep, TiersDep
@@ -13,6 +15,7 @@ from app.api.schemas import (
     CheckpointCreate,
     CheckpointRead,
     CheckpointState,
+    FileEntry,
     Name,
     Page,
     PinCreate,
@@ -23,18 +26,40 @@ from app.services.checkpoints import Registration
 router = APIRouter(tags=["checkpoints"])
 
 
-def _manifest(files: list[object] | None) -> list[dict[str, object]] | None:
-    return None if files is None else [f.model_dump() for f in files]  # type: ignore[attr-defined]
+def _manifest(files: list[FileEntry] | None) -> list[dict[str, Any]] | None:
+    return None if files is None else [f.model_dump(exclude_none=True) for f in files]
+
+
+async def _registration(request: Request) -> CheckpointCreate:
+    """The registration body, parsed and validated in one pass by pydantic's own JSON
+    parser: the hot path of the service, with a 64-file manifest per call."""
+    try:
+        return CheckpointCreate.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise RequestValidationError(
+            [{**item, "loc": ("body", *item["loc"])} for item in error.errors()]
+        ) from None
+
+
+_REGISTRATION_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/CheckpointCreate"}}
+        },
+    }
+}
 
 
 @router.post(
     "/v1/runs/{run_id}/checkpoints",
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": CheckpointRead, "description": "already registered, same content"}},
+    openapi_extra=_REGISTRATION_BODY,
 )
 def register_checkpoint(
     run_id: str,
-    body: CheckpointCreate,
+    body: Annotated[CheckpointCreate, Depends(_registration)],
     session: SessionDep,
     tiers: TiersDep,
     now: NowDep,
@@ -45,7 +70,7 @@ def register_checkpoint(
         step=body.step,
         klass=body.class_,
         uri=body.uri,
-        files=_manifest(body.files),  # type: ignore[arg-type]
+        files=_manifest(body.files),
         size_bytes=body.size_bytes,
         metrics=body.metrics,
         labels=body.labels,
@@ -95,7 +120,7 @@ def commit_checkpoint(
         session,
         tiers=tiers,
         checkpoint_id=checkpoint_id,
-        files=_manifest(body.files),  # type: ignore[arg-type]
+        files=_manifest(body.files),
         size_bytes=body.size_bytes,
         metrics=body.metrics,
         now=now,

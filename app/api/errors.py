@@ -52,7 +52,8 @@ async def _validation_error(_request: Request, error: Exception) -> JSONResponse
             malformed = True
             field = "body"
             reason = (item.get("ctx") or {}).get("error")
-            message = f"not valid JSON at character {loc[-1]}" + (f" ({reason})" if reason else "")
+            where = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+            message = f"not valid JSON{where}" + (f" ({reason})" if reason else "")
         else:
             field = _field(loc)
         items.append({"field": field, "message": message})

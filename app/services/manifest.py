@@ -21,7 +21,11 @@ def normalise(files: list[dict[str, Any]]) -> Manifest:
         if path in seen:
             raise Invalid(f"path {path!r} appears twice in the manifest", field="files")
         seen.add(path)
-        out.append({k: v for k, v in entry.items() if v is not None})
+        out.append(
+            entry
+            if None not in entry.values()
+            else {k: v for k, v in entry.items() if v is not None}
+        )
     out.sort(key=lambda e: e["path"])
     return out
 
