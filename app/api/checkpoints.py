@@ -27,7 +27,7 @@ router = APIRouter(tags=["checkpoints"])
 
 
 def _manifest(files: list[FileEntry] | None) -> list[dict[str, Any]] | None:
-    return None if files is None else [f.model_dump(exclude_none=True) for f in files]
+    return None if files is None else [dict(f) for f in files]
 
 
 async def _registration(request: Request) -> CheckpointCreate:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import TypedDict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 MAX_INT64 = 2**63 - 1
@@ -75,21 +76,25 @@ class RunRead(BaseModel):
     ended_at: datetime | None
 
 
-class FileEntry(Strict):
-    path: Annotated[str, Field(min_length=1, max_length=1024)]
-    size_bytes: Count
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    crc32c: Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")] | None = None
+def _relative_path(value: str) -> str:
+    if value.startswith("/") or "\\" in value or "\x00" in value:
+        raise ValueError("must be a relative path with '/' separators")
+    parts = value.split("/")
+    if ".." in parts or "." in parts or "" in parts:
+        raise ValueError("must not contain '..', '.' or empty segments")
+    return value
 
-    @field_validator("path")
-    @classmethod
-    def _relative(cls, value: str) -> str:
-        if value.startswith("/") or "\\" in value or "\x00" in value:
-            raise ValueError("must be a relative path with '/' separators")
-        parts = value.split("/")
-        if ".." in parts or "." in parts or "" in parts:
-            raise ValueError("must not contain '..', '.' or empty segments")
-        return value
+
+class FileEntry(TypedDict):
+    """One file of a manifest. A TypedDict, not a model: a registration carries dozens and
+    the service keeps them as plain dicts anyway."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    path: Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_relative_path)]
+    size_bytes: Count
+    sha256: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
+    crc32c: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]]
 
 
 Manifest = Annotated[list[FileEntry], Field(max_length=100_000)]
