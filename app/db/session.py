@@ -35,7 +35,12 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, *, pool_size: int = 20) -> Engine:
+# Enough kept open for the request threads of a busy API process, so connections are not
+# opened and closed per request.
+POOL_SIZE = 24
+
+
+def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
     """An engine for `url`; for SQLite the parent directory is created."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -56,7 +61,7 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
     return create_engine(
         url,
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=8,
         pool_recycle=1800,  # not pre-ping: a round trip on every checkout is a registration's cost
         connect_args={"options": "-c timezone=UTC"},
         json_serializer=_json_dumps,

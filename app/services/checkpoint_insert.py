@@ -70,6 +70,12 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         "tier": location["tier"],
         "storage_class": location["storage_class"],
     }
+    if session.in_transaction():
+        # The request already holds a connection: use it (commit comes with the request)
+        # rather than take a second one from the pool.
+        driver = session.connection().connection.driver_connection
+        assert driver is not None
+        return _execute(driver, params)
     engine = session.get_bind()
     assert isinstance(engine, Engine)
     raw = engine.raw_connection()  # the driver's own connection, from the pool
@@ -78,15 +84,20 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         assert driver is not None
         driver.autocommit = True
         try:
-            with driver.cursor() as cursor:
-                cursor.execute(_PG_INSERT, params)
-                return cursor.fetchone() is not None
-        except psycopg.errors.ForeignKeyViolation as error:
-            raise IntegrityError(_PG_INSERT, params, error) from error
+            return _execute(driver, params)
         finally:
             driver.autocommit = False
     finally:
         raw.close()  # back to the pool
+
+
+def _execute(driver: Any, params: dict[str, Any]) -> bool:
+    try:
+        with driver.cursor() as cursor:
+            cursor.execute(_PG_INSERT, params)
+            return cursor.fetchone() is not None
+    except psycopg.errors.ForeignKeyViolation as error:
+        raise IntegrityError(_PG_INSERT, params, error) from error
 
 
 def _insert_in_session(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.models import PolicyRow
 from app.domain.errors import Invalid, NotFound
 from app.policy.schema import Policy
+from app.services.upsert import upsert
 
 log = logging.getLogger("app.policies")
 
@@ -93,15 +94,17 @@ def to_document(policy: Policy) -> dict[str, Any]:
 
 
 def store_policy(session: Session, policy: Policy, *, source: str, now: datetime) -> PolicyRow:
-    """Insert or replace the policy of that name. Idempotent."""
-    row = session.get(PolicyRow, policy.name)
-    if row is None:
-        row = PolicyRow(name=policy.name, document={}, source=source, updated_at=now)
-        session.add(row)
-    row.document = to_document(policy)
-    row.source = source
-    row.updated_at = now
-    session.flush()
+    """Insert or replace the policy of that name. Idempotent, and safe when several replicas
+    load the same files at the same moment (one upsert statement)."""
+    values = {
+        "name": policy.name,
+        "document": to_document(policy),
+        "source": source,
+        "updated_at": now,
+    }
+    session.execute(upsert(session, PolicyRow, index="name", values=values))
+    row = session.get(PolicyRow, policy.name, populate_existing=True)
+    assert row is not None
     return row
 
 

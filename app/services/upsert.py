@@ -20,3 +20,12 @@ def insert_ignoring_conflicts(session: Session, model: type[Base]) -> Any:
     if dialect == "sqlite":
         return sqlite.insert(table).on_conflict_do_nothing()
     raise NotImplementedError(f"unsupported database {dialect!r}")
+
+
+def upsert(session: Session, model: type[Base], *, index: str, values: dict[str, Any]) -> Any:
+    """INSERT ... ON CONFLICT (index) DO UPDATE the other columns: one statement, so two
+    processes writing the same row at once cannot both insert it."""
+    module = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    stmt = module.insert(model.__table__).values(**values)
+    changed = {k: stmt.excluded[k] for k in values if k != index}
+    return stmt.on_conflict_do_update(index_elements=[index], set_=changed)
