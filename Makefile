@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench bench-register clean
+.PHONY: run test lint format bench bench-register bench-sweep clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,13 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench
 	$(BIN)/ruff check --fix app tests bench
 
-bench: bench-register
+bench: bench-register bench-sweep
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
+
+bench-sweep: $(STAMP)
+	$(BIN)/python bench/sweep.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
