@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated
 
+import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
@@ -18,13 +18,18 @@ async def _session(request: Request) -> AsyncIterator[Session]:
     """Commit on success, roll back on error, close always. Creating a session does no I/O,
     so only a request that used the database pays a thread for its commit or rollback."""
     session: Session = request.app.state.session_factory()
+    # The commit gets a thread of its own (a fresh limiter, as FastAPI does for the exits of
+    # its dependencies): a transaction holding locks must never queue for a thread behind
+    # requests that are waiting for those locks.
+    ending = anyio.CapacityLimiter(1)
     try:
         yield session
         if session.in_transaction():
-            await run_in_threadpool(session.commit)
+            await anyio.to_thread.run_sync(session.commit, limiter=ending)
     except BaseException:
         if session.in_transaction():
-            await run_in_threadpool(session.rollback)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(session.rollback, limiter=ending)
         raise
     finally:
         session.close()  # no transaction is left open here, so this does no I/O
