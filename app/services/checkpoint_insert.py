@@ -9,17 +9,18 @@ request's transaction.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import psycopg
-from sqlalchemy import Engine, Table, func, update
+from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.models import Checkpoint, Location, Run
+from app.db.models import Checkpoint, Location
 from app.domain.errors import NotFound
 from app.services.upsert import insert_ignoring_conflicts
+from app.services.usage import count_active
 
 _PG_INSERT = """
     WITH c AS (
@@ -112,16 +113,11 @@ def _insert_in_session(session: Session, values: dict[str, Any], location: dict[
         return False
     conn.execute(insert_ignoring_conflicts(session, Location).values(location))
     if values["state"] == "active":
-        runs = cast(Table, Run.__table__)
-        conn.execute(
-            update(runs)
-            .where(runs.c.id == values["run_id"])
-            .values(
-                active_checkpoints=runs.c.active_checkpoints + 1,
-                active_bytes=runs.c.active_bytes + values["size_bytes"],
-                evaluate_requested_at=func.coalesce(
-                    runs.c.evaluate_requested_at, values["registered_at"]
-                ),
-            )
+        count_active(
+            session,
+            values["run_id"],
+            checkpoints=1,
+            size=values["size_bytes"],
+            evaluate_at=values["registered_at"],
         )
     return True
