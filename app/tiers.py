@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.domain.errors import Invalid
 from app.domain.tier import Price, Tier, parse_url
@@ -37,6 +44,9 @@ class TierConfig(BaseModel):
     url: str
     storage_class: str | None = None
     endpoint_url: str | None = None
+    # botocore's default request checksums, which some S3-compatible stores reject;
+    # unset: "when_required" with an endpoint_url, "when_supported" on AWS itself.
+    request_checksums: Literal["when_supported", "when_required"] | None = None
     price: PriceConfig = PriceConfig()
 
     @field_validator("url")
@@ -58,6 +68,17 @@ class TierConfig(BaseModel):
                 raise ValueError(f"{value!r} must be an http:// or https:// URL")
         return value
 
+    @model_validator(mode="after")
+    def _options_fit_scheme(self) -> TierConfig:
+        scheme = self.url.split(":", 1)[0]
+        if scheme != "s3":
+            for option in ("endpoint_url", "request_checksums"):
+                if getattr(self, option) is not None:
+                    raise ValueError(f"{option} applies to s3:// tiers only")
+        if scheme == "file" and self.storage_class is not None:
+            raise ValueError("storage_class applies to s3:// and gs:// tiers only")
+        return self
+
 
 class TiersConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -68,17 +89,23 @@ class TiersConfig(BaseModel):
     @classmethod
     def _unique_names(cls, value: list[TierConfig]) -> list[TierConfig]:
         seen: set[str] = set()
-        urls: dict[str, str] = {}
+        urls: dict[str, TierConfig] = {}
         for tier in value:
             if tier.name in seen:
                 raise ValueError(f"tier name {tier.name!r} appears twice")
             seen.add(tier.name)
-            # Two tiers on one place would make a move delete its own destination.
-            if tier.url in urls:
+            # Two tiers on one place would make a move delete its own destination, unless
+            # they are one bucket prefix in two storage classes: a move between them is
+            # a class change in place.
+            other = urls.get(tier.url)
+            if other is not None and (
+                tier.url.startswith("file:") or other.storage_class == tier.storage_class
+            ):
                 raise ValueError(
-                    f"tiers {urls[tier.url]!r} and {tier.name!r} share url {tier.url!r}"
+                    f"tiers {other.name!r} and {tier.name!r} share url {tier.url!r}"
+                    + ("" if tier.url.startswith("file:") else " and storage class")
                 )
-            urls[tier.url] = tier.name
+            urls[tier.url] = tier
         return value
 
 
@@ -89,6 +116,8 @@ def _to_tier(config: TierConfig, rank: int) -> Tier:
         rank=rank,
         storage_class=config.storage_class,
         endpoint_url=config.endpoint_url,
+        request_checksums=config.request_checksums
+        or ("when_required" if config.endpoint_url else "when_supported"),
         price=Price(**config.price.model_dump()),
     )
 

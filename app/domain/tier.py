@@ -49,6 +49,7 @@ class Tier:
     rank: int  # 0 = hottest
     storage_class: str | None = None
     endpoint_url: str | None = None
+    request_checksums: str = "when_supported"
     price: Price = field(default_factory=Price)
 
     @property

@@ -1,15 +1,33 @@
-"""The storage vocabulary shared by every adapter."""
+"""The storage vocabulary shared by every adapter (local directories, S3, GCS).
+
+Keys are '/'-separated and relative to the tier's url, so one checkpoint's files are
+`<prefix>/<path>` whatever the provider. Every operation is safe to repeat: deleting a
+missing object succeeds, writing an object again replaces it whole.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import BinaryIO, Literal, Protocol
+
+# Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 hex digits) and
+# provider fingerprints comparable between two objects of one provider ("md5", "etag").
+MANIFEST_CHECKSUMS = ("sha256", "crc32c")
+
+RestoreState = Literal["readable", "archived", "restoring"]
 
 
 class StorageError(Exception):
     """A storage operation failed; `retryable` says whether trying again may help."""
 
     retryable = False
+
+
+class TransientError(StorageError):
+    """Throttling, a 5xx, a timeout or a reset connection: worth another try later."""
+
+    retryable = True
 
 
 class ObjectMissing(StorageError):
@@ -20,20 +38,90 @@ class UnsafePath(StorageError):
     """A path under a tier leads outside it (a symlink, say)."""
 
 
+class ArchivedObject(StorageError):
+    """The object sits in an archive class and must be restored before it can be read."""
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    key: str  # relative to the listed prefix, '/' separated
+    key: str  # relative to the listed prefix (list_prefix) or the tier (head), '/' separated
     size_bytes: int
+    storage_class: str | None = None
+    checksums: Mapping[str, str] = field(default_factory=dict)
 
 
 class Storage(Protocol):
-    """One tier's objects, addressed by keys relative to the tier's url."""
+    """One tier's objects. Implementations: LocalStorage, S3Storage, GcsStorage."""
+
+    scheme: str  # "file", "s3" or "gs"
+
+    def same_service(self, other: Storage) -> bool:
+        """Whether `copy_within(other, ...)` can copy server-side from `other` to here."""
+        ...
+
+    # -- reading ---------------------------------------------------------------------------
 
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
-        """Every object under `prefix`, sorted by key. Raises ObjectMissing when there is
-        none, UnsafePath when one leads outside the tier. Read-only."""
+        """Every object under `prefix/`, keys relative to it, sorted by key. Raises
+        ObjectMissing when there is none, UnsafePath when one leads outside the tier."""
         ...
 
-    def prefix_exists(self, prefix: str) -> bool:
-        """Whether anything lives under `prefix`. Read-only."""
+    def prefix_exists(self, prefix: str) -> bool: ...
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size, class and known checksums of one object; None when it does not exist."""
         ...
+
+    def open_read(self, key: str) -> BinaryIO:
+        """A stream of the object's bytes. Raises ArchivedObject when it must be restored
+        first, ObjectMissing when it does not exist."""
+        ...
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def upload(
+        self, key: str, reader: BinaryIO, size: int, *, storage_class: str | None = None
+    ) -> None:
+        """Write `size` bytes read from `reader`, in bounded memory (multipart above a part)."""
+        ...
+
+    def copy_within(
+        self,
+        source: Storage,
+        source_key: str,
+        key: str,
+        size: int,
+        *,
+        storage_class: str | None = None,
+    ) -> None:
+        """Server-side copy from `source` (where `same_service(source)`); no bytes pass
+        through this process."""
+        ...
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Change one object's class in place, server-side."""
+        ...
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        """Delete objects in provider-sized batches; missing ones count as deleted."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything under `prefix/`; a missing prefix is success. Refuses the root."""
+        ...
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Abort unfinished multipart uploads under `prefix/` (a crashed transfer's)."""
+        ...
+
+    # -- archive classes -------------------------------------------------------------------
+
+    def restore_state(self, key: str) -> RestoreState: ...
+
+    def request_restore(self, key: str, *, days: int = 1) -> None:
+        """Ask for an archived object to become readable; repeating it is harmless."""
+        ...
+
+
+def join_key(prefix: str, relative: str) -> str:
+    return f"{prefix}/{relative}" if prefix else relative

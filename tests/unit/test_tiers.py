@@ -108,6 +108,7 @@ tiers:
         rank=2,
         storage_class="GLACIER_IR",
         endpoint_url="http://127.0.0.1:9000",
+        request_checksums="when_required",  # an S3-compatible endpoint: only when required
         price=Price(storage_gb_month=0.004, retrieval_gb=0.03, egress_gb=0.09, min_storage_days=90),
     )
     assert archive.url == "s3://ckpt-archive"
