@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench bench-register bench-sweep clean
+.PHONY: run test lint format bench bench-register bench-sweep bench-transfer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,13 +28,16 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench
 	$(BIN)/ruff check --fix app tests bench
 
-bench: bench-register bench-sweep
+bench: bench-register bench-sweep bench-transfer
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
 
 bench-sweep: $(STAMP)
 	$(BIN)/python bench/sweep.py
+
+bench-transfer: $(STAMP)
+	$(BIN)/python bench/transfer.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

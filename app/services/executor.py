@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import and_, exists, or_, select, update
@@ -21,17 +23,15 @@ from app.db.session import session_scope
 from app.domain.tier import Tier, locate
 from app.services.ledger import purge_action
 from app.services.usage import count_active
-from app.storage.base import StorageError
-from app.storage.local import LocalStorage
+from app.storage.base import Storage, StorageError, join_key
+from app.storage.registry import storage_for
+from app.storage.transfer import VerificationFailed, change_class, copy_files, verify_files
 
 log = logging.getLogger("app.worker")
 
 LEASE = timedelta(seconds=30)
 MAX_ATTEMPTS = 5
-
-
-class VerificationFailed(Exception):
-    """The destination does not match the manifest; the source is kept."""
+RESTORE_POLL_MAX = timedelta(seconds=30)
 
 
 def _utcnow() -> datetime:
@@ -229,14 +229,12 @@ class Executor:
             assert finished is not None
             self._close(finished, "done")
 
-    def _storage(self, uri: str) -> tuple[LocalStorage, str]:
+    def _storage(self, uri: str) -> tuple[Storage, str]:
         located = locate(uri, self.tiers)
-        if not located.tier.is_local:
-            raise StorageError(f"tier {located.tier.name!r} is not reachable by this worker")
-        return LocalStorage(located.tier.parsed.path), located.key
+        return storage_for(located.tier), located.key
 
     def _transfer(self, action_id: str) -> None:
-        """move, copy and restore: copy -> verify -> switch catalog -> (move) remove source."""
+        """move, copy and restore: (restore) -> copy -> verify -> switch -> (move) remove."""
         with session_scope(self.factory) as session:
             action = session.get(Action, action_id)
             assert action is not None
@@ -250,34 +248,136 @@ class Executor:
                 action.source_uri, action.dest_uri = self._endpoints(session, action, checkpoint)
             kind, step = action.kind, action.step
             source_uri, dest_uri = action.source_uri, action.dest_uri
-            paths = [f["path"] for f in checkpoint.files or []]
-            manifest = {f["path"]: f for f in checkpoint.files or []}
+            manifest = list(checkpoint.files or [])
             if step == "switched" and dest_uri not in {loc.uri for loc in checkpoint.locations}:
                 # The record is ahead of the catalog: never remove a source the catalog still
                 # lists on the record's word; verify the destination and switch again.
                 step = "copied"
-        assert source_uri is not None and dest_uri is not None
+        assert source_uri is not None and dest_uri is not None and action.to_tier is not None
+        dest_tier = self.tiers_by_name[action.to_tier]
         source, source_key = self._storage(source_uri)
         dest, dest_key = self._storage(dest_uri)
-        if step is None:
-            if not self._verified(dest, dest_key, manifest):
-                dest.copy_in(
-                    source, source_key, dest_key, paths, staging=f"{dest_key}.partial-{action_id}"
-                )
+        in_place = source_uri == dest_uri  # two tiers on one bucket prefix: a class change
+        streamed: dict[str, dict[str, str]] = {}
+        if step is None or step.startswith("restoring"):
+            if not in_place and self._awaiting_restore(
+                action_id, step, source, source_key, manifest
+            ):
+                return
+            with self._lease_kept(action_id):
+                if in_place:
+                    change_class(dest, dest_key, manifest, dest_tier.storage_class or "STANDARD")
+                else:
+                    dest.abort_uploads(dest_key)  # a crashed attempt's unfinished uploads
+                    try:
+                        streamed = copy_files(
+                            source,
+                            source_key,
+                            dest,
+                            dest_key,
+                            manifest,
+                            storage_class=dest_tier.storage_class,
+                        ).digests
+                    except VerificationFailed:
+                        self._discard(dest, dest_key, dest_uri)
+                        raise
             self._set_step(action_id, "copied")
             step = "copied"
         if step == "copied":
-            if not self._verified(dest, dest_key, manifest):
-                dest.delete_prefix(dest_key)  # an uncatalogued bad copy: never keep it
-                raise VerificationFailed(f"{dest_uri} does not match the manifest")
+            problems = verify_files(
+                dest,
+                dest_key,
+                manifest,
+                streamed=streamed,
+                source=source,
+                source_prefix=source_key,
+            )
+            if problems:
+                if not in_place:
+                    self._discard(dest, dest_key, dest_uri)
+                raise VerificationFailed(
+                    f"{dest_uri} does not match the manifest: " + "; ".join(problems[:5])
+                )
             self._set_step(action_id, "verified")
             step = "verified"
         if step == "verified":
             self._switch(action_id, dest_uri)
             step = "switched"
-        if kind == "move" and source_uri != dest_uri:
+        if kind == "move" and not in_place:
             source.delete_prefix(source_key)
         self._finish(action_id, "done")
+
+    def _awaiting_restore(
+        self,
+        action_id: str,
+        step: str | None,
+        source: Storage,
+        source_key: str,
+        manifest: list[dict[str, object]],
+    ) -> bool:
+        """Archived source objects are restored first; True while that is in progress.
+
+        The action goes back to `pending`, polled with backoff and at least every 30 s;
+        waiting is not a failed attempt."""
+        keys = [join_key(source_key, str(entry["path"])) for entry in manifest]
+        states = {key: source.restore_state(key) for key in keys}
+        archived = [key for key, state in states.items() if state == "archived"]
+        for key in archived:
+            source.request_restore(key)
+        if not archived and all(state == "readable" for state in states.values()):
+            return False
+        polls = int(step.split("/")[1]) + 1 if step and "/" in step else 0
+        delay = min(RESTORE_POLL_MAX, timedelta(seconds=2**polls))
+        with session_scope(self.factory) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            now = self.clock()
+            action.step = f"restoring/{polls}"
+            action.state = "pending"
+            action.attempts = max(0, action.attempts - 1)
+            action.due_at = now + delay
+            action.updated_at = now
+            action.lease_owner = None
+            action.lease_until = None
+        waiting = sum(1 for state in states.values() if state != "readable")
+        log.info(
+            "waiting for archive restore",
+            extra={"action_id": action_id, "objects": waiting, "poll_in_s": delay.seconds},
+        )
+        return True
+
+    @contextmanager
+    def _lease_kept(self, action_id: str) -> Iterator[None]:
+        """Renew the lease while a long copy runs, so no other worker takes the action."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(LEASE.total_seconds() / 3):
+                with session_scope(self.factory) as session:
+                    session.execute(
+                        update(Action)
+                        .where(
+                            Action.id == action_id,
+                            Action.lease_owner == self.owner,
+                            Action.state == "running",
+                        )
+                        .values(lease_until=self.clock() + LEASE)
+                    )
+
+        thread = threading.Thread(target=renew, name=f"lease-{action_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _discard(self, dest: Storage, dest_key: str, dest_uri: str) -> None:
+        """Remove a bad copy, unless the catalog lists that place (then it is not ours)."""
+        with session_scope(self.factory) as session:
+            listed = session.execute(select(Location.id).where(Location.uri == dest_uri)).first()
+        if listed is None:
+            dest.delete_prefix(dest_key)
 
     def _refuse_transfer(self, action: Action, checkpoint: Checkpoint) -> str | None:
         if checkpoint.state != "active":
@@ -306,22 +406,11 @@ class Executor:
             .where(Run.id == checkpoint.run_id)
         ).one()
         tier = self.tiers_by_name[action.to_tier or ""]
+        source_tier = self.tiers_by_name.get(primary.tier)
+        if source_tier is not None and source_tier.url == tier.url:
+            return primary.uri, primary.uri  # one bucket prefix, two classes: in place
         dest = tier.parsed.join(f"{project}/{run_name}/step-{checkpoint.step}")
         return primary.uri, dest
-
-    @staticmethod
-    def _verified(
-        storage: LocalStorage, prefix: str, manifest: dict[str, dict[str, object]]
-    ) -> bool:
-        if not storage.prefix_exists(prefix):
-            return False
-        for path, entry in manifest.items():
-            key = f"{prefix}/{path}"
-            if storage.file_size(key) != entry["size_bytes"]:
-                return False
-            if "sha256" in entry and storage.sha256(key) != entry["sha256"]:
-                return False
-        return True
 
     def _switch(self, action_id: str, dest_uri: str) -> None:
         """Catalog the verified copy, in one transaction with the step."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.domain.errors import Invalid
+from app.domain.errors import Invalid, Unavailable
 from app.domain.tier import Located
-from app.storage.base import ObjectMissing, UnsafePath
+from app.storage.base import MANIFEST_CHECKSUMS, ObjectMissing, StorageError, UnsafePath
 from app.storage.registry import storage_for
 
 Manifest = list[dict[str, Any]]
@@ -39,9 +39,18 @@ def list_manifest(located: Located) -> Manifest:
         raise Invalid(f"{located.uri!r} does not exist", field="uri") from None
     except UnsafePath as error:
         raise Invalid(f"{located.uri!r}: {error}", field="uri") from None
+    except StorageError as error:
+        raise Unavailable(f"could not list {located.uri!r}: {error}", field="uri") from None
     if not infos:
         raise Invalid(f"{located.uri!r} holds no files", field="uri")
-    return [{"path": info.key, "size_bytes": info.size_bytes} for info in infos]
+    return [
+        {
+            "path": info.key,
+            "size_bytes": info.size_bytes,
+            **{n: info.checksums[n] for n in MANIFEST_CHECKSUMS if n in info.checksums},
+        }
+        for info in infos
+    ]
 
 
 def require_exists(located: Located) -> None:

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from app.domain.tier import real_root
-from app.storage.base import ObjectInfo, ObjectMissing, UnsafePath
+from app.storage.base import (
+    ObjectInfo,
+    ObjectMissing,
+    RestoreState,
+    Storage,
+    StorageError,
+    UnsafePath,
+)
 
 CHUNK = 8 * 1024 * 1024
 
 
 class LocalStorage:
+    scheme = "file"
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(real_root(str(root)))
 
@@ -23,6 +34,12 @@ class LocalStorage:
     def _inside(self, path: str) -> bool:
         real = os.path.realpath(path)
         return real == str(self.root) or real.startswith(str(self.root) + os.sep)
+
+    def same_service(self, other: Storage) -> bool:
+        """Directories have no server to copy for us: bytes always stream (and get digested)."""
+        return False
+
+    # -- reading ---------------------------------------------------------------------------
 
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix)
@@ -45,42 +62,96 @@ class LocalStorage:
     def prefix_exists(self, prefix: str) -> bool:
         return self._path(prefix).is_dir()
 
-    def delete_prefix(self, prefix: str) -> None:
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        if not path.is_file() or not self._inside(str(path)):
+            return None
+        return ObjectInfo(key=key, size_bytes=path.stat().st_size)
+
+    def open_read(self, key: str) -> BinaryIO:
+        path = self._path(key)
+        if not self._inside(str(path)):
+            raise UnsafePath(f"{key!r} leads outside the tier")
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            raise ObjectMissing(f"{key!r} does not exist") from None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def upload(
+        self, key: str, reader: BinaryIO, size: int, *, storage_class: str | None = None
+    ) -> None:
+        """Through a temporary name and one rename: the key holds all of it or nothing."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex}")
+        written = 0
+        try:
+            with open(partial, "wb") as out:
+                while written < size and (chunk := reader.read(min(CHUNK, size - written))):
+                    out.write(chunk)
+                    written += len(chunk)
+            if written != size:
+                raise StorageError(f"{key!r}: source ended after {written} of {size} bytes")
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def copy_within(
+        self,
+        source: Storage,
+        source_key: str,
+        key: str,
+        size: int,
+        *,
+        storage_class: str | None = None,
+    ) -> None:
+        if not isinstance(source, LocalStorage):
+            raise StorageError("copy_within needs a local source")
+        with source.open_read(source_key) as reader:
+            self.upload(key, reader, size)
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Directories have no storage classes."""
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        count = 0
+        for key in keys:
+            if not key:
+                raise UnsafePath("refusing to delete a tier's root")
+            self._path(key).unlink(missing_ok=True)
+            count += 1
+        return count
+
+    def delete_prefix(self, prefix: str) -> int:
         """Remove everything under `prefix`. Idempotent: a missing prefix is success."""
         target = self._path(prefix)
         if not prefix or target == self.root:
             raise UnsafePath("refusing to delete a tier's root")
         if target.is_symlink() or target.is_file():
             target.unlink(missing_ok=True)
-        elif target.exists():
-            shutil.rmtree(target)
+            return 1
+        if not target.exists():
+            return 0
+        count = sum(len(files) for _, _, files in os.walk(target))
+        shutil.rmtree(target)
+        return count
 
-    def file_size(self, key: str) -> int | None:
-        path = self._path(key)
-        return path.stat().st_size if path.is_file() else None
+    def abort_uploads(self, prefix: str) -> int:
+        """A crashed upload leaves `.name.partial-*` files; remove them."""
+        base = self._path(prefix)
+        count = 0
+        if base.is_dir():
+            for partial in base.rglob(".*.partial-*"):
+                partial.unlink(missing_ok=True)
+                count += 1
+        return count
 
-    def sha256(self, key: str) -> str:
-        digest = hashlib.sha256()
-        with open(self._path(key), "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                digest.update(chunk)
-        return digest.hexdigest()
+    # -- archive classes -------------------------------------------------------------------
 
-    def copy_in(
-        self,
-        source: LocalStorage,
-        source_prefix: str,
-        dest_prefix: str,
-        paths: list[str],
-        staging: str,
-    ) -> None:
-        """Copy `paths` from `source` into `dest_prefix`, through `staging` and one rename,
-        so `dest_prefix` either does not exist or holds every file."""
-        self.delete_prefix(staging)
-        for rel in paths:
-            target = self._path(f"{staging}/{rel}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source._path(f"{source_prefix}/{rel}"), target)
-        self.delete_prefix(dest_prefix)
-        self._path(dest_prefix).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._path(staging), self._path(dest_prefix))
+    def restore_state(self, key: str) -> RestoreState:
+        return "readable"
+
+    def request_restore(self, key: str, *, days: int = 1) -> None:
+        """Nothing is ever archived on a directory."""

@@ -302,10 +302,11 @@ def simulate_dead_worker(
     tiers = {t.name: t for t in app.state.tiers}
     dest_uri: str = tiers["cold"].parsed.join(f"{run['project']}/{run['name']}/step-10")
     step: str | None = crashed_after
-    if crashed_after == "copying":  # killed inside the copy: a partial staging directory
-        staging = dest.with_name(f"{dest.name}.partial-{action_id}")
-        staging.mkdir(parents=True)
-        (staging / "shard-0.bin").write_bytes(b"half")
+    if crashed_after == "copying":  # killed inside the copy: one file whole, one half written
+        dest.mkdir(parents=True)
+        first, *_ = sorted(source.iterdir())
+        shutil.copyfile(first, dest / first.name)
+        (dest / ".shard-1.bin.partial-0123abcd").write_bytes(b"half")
         step = None
     else:
         shutil.copytree(source, dest)

@@ -171,8 +171,6 @@ def test_an_object_store_tier_takes_a_manifest(tiers_client: tuple[TestClient, P
         {"tier": "glacier", "uri": uri, "storage_class": "GLACIER_IR", "role": "primary"}
     ]
     assert usage(client)["glacier"] == (4096, 1)
-    # without a manifest the service would have to list the bucket, which it cannot yet
-    assert_problem(register(client, run["id"], 101, uri + "-b", "final"), 422, "files")
     assert_problem(register(client, run["id"], 102, "s3://ckpt-cold/other/x", files=files), 422)
     assert_problem(register(client, run["id"], 103, "s3://ckpt-cold/prodx/y", files=files), 422)
     assert [c["step"] for c in client.get(f"/v1/runs/{run['id']}/checkpoints").json()["items"]] == [

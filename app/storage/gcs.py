@@ -1,0 +1,557 @@
+"""Google Cloud Storage tiers.
+
+Every provider call goes through `GcsStorage._call`, which turns the library's errors into
+the storage vocabulary and retries transient ones with `retrying`; the library's own
+retries are switched off (`retry=None`) so a call is never retried twice over.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import io
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
+
+import google_crc32c
+import requests
+from google import resumable_media
+from google.api_core import exceptions as api
+from google.auth import exceptions as auth_errors
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+
+from app.storage.base import (
+    ObjectInfo,
+    ObjectMissing,
+    RestoreState,
+    Storage,
+    StorageError,
+    TransientError,
+    UnsafePath,
+    join_key,
+)
+from app.storage.limits import GCS_MAX_BATCH_CALLS, MiB, batched
+from app.storage.retry import ATTEMPTS, retrying
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+T = TypeVar("T")
+log = logging.getLogger("app.storage")
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+EMULATOR_PROJECT = "emulator"  # emulators ignore the project but the client wants one
+RESUMABLE_ALIGNMENT = 256 * 1024  # GCS rejects resumable chunks of other multiples
+SINGLE_REQUEST_MAX = 8 * MiB  # the library's own limit for a one-request upload
+
+_TRANSIENT_API = (
+    api.TooManyRequests,
+    api.InternalServerError,
+    api.BadGateway,
+    api.ServiceUnavailable,
+    api.GatewayTimeout,
+)
+_TRANSIENT_TRANSPORT = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    auth_errors.TransportError,
+)
+_TRANSIENT = _TRANSIENT_API + _TRANSIENT_TRANSPORT
+# The library raises its own media errors, which subclass google.resumable_media's while
+# that package is installed; catching both keeps working if either side changes.
+_INVALID_RESPONSE = (InvalidResponse, resumable_media.InvalidResponse)
+_PROVIDER_ERRORS = (
+    api.GoogleAPIError,
+    requests.exceptions.RequestException,
+    auth_errors.GoogleAuthError,
+    *_INVALID_RESPONSE,
+    DataCorruption,
+    resumable_media.DataCorruption,
+)
+
+_clients: dict[str, storage.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client() -> storage.Client:
+    """One client per process and emulator host: clients are thread-safe for requests and
+    creating one resolves credentials, which is slow. Emulators take no credentials."""
+    emulator = os.environ.get(EMULATOR_ENV, "")
+    with _clients_lock:
+        client = _clients.get(emulator)
+        if client is None:
+            try:
+                if emulator:
+                    client = storage.Client(
+                        project=EMULATOR_PROJECT,
+                        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+                    )
+                else:
+                    client = storage.Client()
+            except _PROVIDER_ERRORS as error:  # no credentials found, say
+                raise translate(error, "create a GCS client") from error
+            _clients[emulator] = client
+        return client
+
+
+def _status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def translate(error: BaseException, what: str) -> StorageError:
+    """The one place provider errors become StorageError, TransientError or ObjectMissing.
+    Messages carry the operation and the provider's reason, never request headers."""
+    message = f"{what}: {type(error).__name__}: {error}"
+    if isinstance(error, api.NotFound):
+        return ObjectMissing(message)
+    if isinstance(error, _TRANSIENT):
+        return TransientError(message)
+    if isinstance(error, api.GoogleAPICallError) and error.code == 408:
+        return TransientError(message)  # request timeout: GCS lists it as retryable
+    if isinstance(error, _INVALID_RESPONSE):
+        status = _status(error)
+        if status is not None and (status == 429 or status >= 500):
+            return TransientError(message)
+        if status == 404:
+            return ObjectMissing(message)
+    return StorageError(message)
+
+
+def _crc32c(crc: int, data: bytes) -> int:
+    return int(google_crc32c.extend(crc, data))
+
+
+def _hex(b64: str | None) -> str | None:
+    return base64.b64decode(b64).hex() if b64 else None
+
+
+def _checksums(blob: storage.Blob) -> dict[str, str]:
+    found = {"crc32c": _hex(blob.crc32c), "md5": _hex(blob.md5_hash)}
+    return {name: value for name, value in found.items() if value}
+
+
+def _is_folder_marker(relative: str, size: int) -> bool:
+    """The console's "folders" are empty objects named like `dir/`: not files of a checkpoint."""
+    return size == 0 and (relative == "" or relative.endswith("/"))
+
+
+def _safe_relative(key: str, prefix: str) -> str:
+    """Object names are flat strings; refuse ones that would climb out of a directory
+    when the checkpoint is written to a filesystem tier."""
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise UnsafePath(f"object {key!r} under {prefix!r} has an empty, '.' or '..' segment")
+    return key
+
+
+class _BatchUnsupported(Exception):
+    """The endpoint answered a batch request with something other than one reply a call."""
+
+
+class GcsStorage:
+    """One tier under `gs://bucket/prefix`; key `k` is the object `prefix/k`."""
+
+    scheme = "gs"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        chunk_size: int = 16 * MiB,
+        concurrency: int = 8,
+        client: storage.Client | None = None,
+    ) -> None:
+        if chunk_size <= 0 or chunk_size % RESUMABLE_ALIGNMENT:
+            raise ValueError(f"chunk_size must be a positive multiple of 256 KiB: {chunk_size}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1: {concurrency}")
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.chunk_size = chunk_size
+        self.concurrency = concurrency
+        self._client = client if client is not None else shared_client()
+        self._bucket = self._client.bucket(bucket)
+        # Cleared the first time the endpoint mangles a batch (fake-gcs-server does).
+        self._batch_deletes = True
+
+    def __repr__(self) -> str:
+        return f"GcsStorage({self._url(self.prefix)!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _name(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    def _dir(self, prefix: str) -> str:
+        """The object-name prefix of everything under `prefix/` ("" for the tier root)."""
+        relative = prefix.strip("/")
+        name = self._name(relative) if relative else self.prefix
+        return f"{name}/" if name else ""
+
+    def _url(self, name: str) -> str:
+        return f"gs://{self.bucket_name}/{name}"
+
+    def _call(self, what: str, call: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
+        def attempt() -> T:
+            try:
+                return call()
+            except _PROVIDER_ERRORS as error:
+                raise translate(error, what) from error
+
+        return retrying(attempt, what=what, attempts=attempts)
+
+    def _get(self, name: str) -> storage.Blob | None:
+        return self._call(
+            f"head {self._url(name)}", lambda: self._bucket.get_blob(name, retry=None)
+        )
+
+    def _list(self, prefix: str, fields: str) -> list[storage.Blob]:
+        """A whole listing as one retried call: a page failing restarts it, which is cheap
+        next to what a checkpoint listing feeds."""
+        start = self._dir(prefix)
+        return self._call(
+            f"list {self._url(start)}",
+            lambda: list(
+                self._client.list_blobs(self._bucket, prefix=start, fields=fields, retry=None)
+            ),
+        )
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def same_service(self, other: Storage) -> bool:
+        return isinstance(other, GcsStorage)  # rewrite copies between any two buckets
+
+    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+        start = self._dir(prefix)
+        blobs = self._list(prefix, "items(name,size,storageClass,crc32c,md5Hash),nextPageToken")
+        found = [
+            ObjectInfo(
+                key=_safe_relative(blob.name[len(start) :], prefix),
+                size_bytes=int(blob.size),
+                storage_class=blob.storage_class,
+                checksums=_checksums(blob),
+            )
+            for blob in blobs
+            if not _is_folder_marker(blob.name[len(start) :], int(blob.size))
+        ]
+        if not found:
+            raise ObjectMissing(f"nothing under {self._url(start)}")
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def prefix_exists(self, prefix: str) -> bool:
+        start = self._dir(prefix)
+
+        def probe() -> bool:
+            page = self._client.list_blobs(
+                self._bucket, prefix=start, max_results=1, fields="items(name)", retry=None
+            )
+            return any(True for _ in page)
+
+        return self._call(f"list {self._url(start)}", probe)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        blob = self._get(self._name(key))
+        if blob is None:
+            return None
+        return ObjectInfo(
+            key=key,
+            size_bytes=int(blob.size),
+            storage_class=blob.storage_class,
+            checksums=_checksums(blob),
+        )
+
+    def open_read(self, key: str) -> BinaryIO:
+        name = self._name(key)
+        blob = self._get(name)
+        if blob is None:
+            raise ObjectMissing(f"{self._url(name)} does not exist")
+        raw = _RangeReader(self, blob, self.chunk_size)
+        return io.BufferedReader(raw, buffer_size=self.chunk_size)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def upload(
+        self, key: str, reader: BinaryIO, size: int, *, storage_class: str | None = None
+    ) -> None:
+        """Up to 8 MiB the library sends one request (buffering at most that much); above it
+        a resumable upload in `chunk_size` pieces. The server checks the crc32c either way.
+        A failed attempt starts again from the reader's first position, so a reader that
+        cannot seek (or only reads, like a digesting wrapper) gets one attempt."""
+        name = self._name(key)
+        url = self._url(name)
+        seekable = getattr(reader, "seekable", None)
+        start = reader.tell() if callable(seekable) and seekable() else None
+
+        def attempt() -> None:
+            if start is not None:
+                reader.seek(start)
+            # A chunk size makes the library go resumable whatever the size; small objects
+            # go in one request (one round trip, and emulators keep their class).
+            chunked = self.chunk_size if size > SINGLE_REQUEST_MAX else None
+            blob = self._bucket.blob(name, chunk_size=chunked)
+            if storage_class:
+                blob.storage_class = storage_class
+            try:
+                blob.upload_from_file(
+                    _UploadStream(reader, size, f"upload {url}"),
+                    size=size,
+                    content_type="application/octet-stream",
+                    checksum="crc32c",
+                    retry=None,
+                )
+            except DataCorruption:
+                self._discard(name)  # written whole but wrong: don't leave it looking done
+                raise
+            if blob.size is not None and int(blob.size) != size:
+                self._discard(name)
+                raise StorageError(f"upload {url}: reader gave {blob.size} of {size} bytes")
+
+        self._call(f"upload {url}", attempt, attempts=ATTEMPTS if start is not None else 1)
+
+    def _discard(self, name: str) -> None:
+        try:
+            self._delete_one(name)
+        except StorageError as error:
+            log.warning(
+                "could not remove a bad upload",
+                extra={"object": self._url(name), "error": str(error)},
+            )
+
+    def _rewrite(self, source: storage.Blob, dest: storage.Blob, what: str) -> None:
+        """Rewrite returns a token until the server has copied everything; real GCS may need
+        many calls across locations or classes, each one retried on its own."""
+
+        def step(token: str | None) -> str | None:
+            next_token, _done, _total = dest.rewrite(source, token=token, retry=None)
+            return next_token if isinstance(next_token, str) else None
+
+        token = self._call(what, lambda: step(None))
+        while token is not None:
+            token = self._call(what, functools.partial(step, token))
+
+    def copy_within(
+        self,
+        source: Storage,
+        source_key: str,
+        key: str,
+        size: int,
+        *,
+        storage_class: str | None = None,
+    ) -> None:
+        """GCS rewrites objects of any size server-side, so `size` needs no planning here."""
+        if not isinstance(source, GcsStorage):
+            raise StorageError(f"cannot copy server-side into {self!r} from {source!r}")
+        source_name = source._name(source_key)
+        name = self._name(key)
+        dest = self._bucket.blob(name)
+        if storage_class:
+            dest.storage_class = storage_class
+        self._rewrite(
+            source._bucket.blob(source_name),
+            dest,
+            f"copy {source._url(source_name)} to {self._url(name)}",
+        )
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """A rewrite onto itself, skipped when the class is already right (it is billed)."""
+        name = self._name(key)
+        blob = self._get(name)
+        if blob is None:
+            raise ObjectMissing(f"{self._url(name)} does not exist")
+        if blob.storage_class == storage_class:
+            return
+        dest = self._bucket.blob(name)
+        dest.storage_class = storage_class
+        self._rewrite(blob, dest, f"set class {storage_class} on {self._url(name)}")
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        """JSON batch requests of up to 100 deletes. fake-gcs-server answers the Python
+        client's batches with an empty multipart reply (it skips parts without a Content-ID,
+        which this client never sends) and deletes nothing, so when a batch reply does not
+        hold one answer per call this instance switches to parallel single deletes."""
+        deleted = 0
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="gcs-delete") as pool:
+            for chunk in batched(keys, GCS_MAX_BATCH_CALLS):
+                names = [self._name(key) for key in chunk]
+                if self._batch_deletes:
+                    try:
+                        self._delete_batch(names)
+                        deleted += len(names)
+                        continue
+                    except _BatchUnsupported as error:
+                        self._batch_deletes = False
+                        log.warning(
+                            "GCS endpoint mishandles batch requests; deleting one by one",
+                            extra={"bucket": self.bucket_name, "error": str(error)},
+                        )
+                for _ in pool.map(self._delete_one, names):
+                    pass
+                deleted += len(names)
+        return deleted
+
+    def _delete_one(self, name: str) -> None:
+        def delete() -> None:
+            with contextlib.suppress(api.NotFound):  # already gone: deleting is idempotent
+                self._bucket.delete_blob(name, retry=None)
+
+        self._call(f"delete {self._url(name)}", delete)
+
+    def _delete_batch(self, names: list[str]) -> None:
+        """One batch request; calls answered 429/5xx are sent again in the next attempt."""
+        pending = names
+
+        def attempt() -> None:
+            nonlocal pending
+            batch = self._client.batch(raise_exception=False)
+            try:
+                with batch:
+                    for name in pending:
+                        self._bucket.delete_blob(name, retry=None)
+            except (ValueError, api.NotFound, api.MethodNotAllowed) as error:
+                raise _BatchUnsupported(f"{type(error).__name__}: {error}") from error
+            # finish() keeps each call's reply here when raise_exception is False.
+            replies = batch._responses
+            if len(replies) != len(pending):
+                raise _BatchUnsupported(f"{len(replies)} replies to {len(pending)} calls")
+            again: list[str] = []
+            for name, reply in zip(pending, replies, strict=True):
+                status = int(reply.status_code)
+                if 200 <= status < 300 or status == 404:
+                    continue
+                if status == 429 or status >= 500:
+                    again.append(name)
+                    continue
+                raise StorageError(f"delete {self._url(name)}: HTTP {status}: {reply.text[:200]}")
+            pending = again
+            if pending:
+                raise TransientError(
+                    f"batch delete in gs://{self.bucket_name}: {len(pending)} calls throttled "
+                    "or failed server-side"
+                )
+
+        self._call(f"batch delete in gs://{self.bucket_name}", attempt)
+
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix.strip("/"):
+            raise UnsafePath("refusing to delete a tier's root")
+        names = [blob.name for blob in self._list(prefix, "items(name),nextPageToken")]
+        root = self._dir("")
+        return self.delete_keys(name[len(root) :] for name in names)
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Unfinished resumable uploads are sessions, not objects: nothing can list them and
+        GCS drops them after a week, so there is nothing to abort."""
+        return 0
+
+    # -- archive classes -----------------------------------------------------------------------
+
+    def restore_state(self, key: str) -> RestoreState:
+        """Every GCS class, ARCHIVE included, is read directly (at a retrieval fee)."""
+        return "readable"
+
+    def request_restore(self, key: str, *, days: int = 1) -> None:
+        return None
+
+
+class _UploadStream:
+    """What the library's uploads need from a reader: `tell()` counted from 0 (resumable
+    uploads insist on starting there) and `read(n)` giving n bytes until the end (a short
+    read would pass for the last chunk). It stops at `size` and fails as soon as the reader
+    ends early, so a truncated object is never finalised."""
+
+    def __init__(self, reader: BinaryIO, size: int, what: str) -> None:
+        self._reader = reader
+        self._size = size
+        self._what = what
+        self._pos = 0
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._size - self._pos
+        want = left if size is None or size < 0 else min(size, left)
+        parts: list[bytes] = []
+        got = 0
+        while got < want:
+            data = self._reader.read(want - got)
+            if not data:
+                raise StorageError(
+                    f"{self._what}: the reader ended after {self._pos + got} of {self._size} bytes"
+                )
+            parts.append(data)
+            got += len(data)
+        self._pos += got
+        return b"".join(parts)
+
+
+class _RangeReader(io.RawIOBase):
+    """One generation of an object, fetched a range at a time: memory stays near
+    `chunk_size`, each range is retried on its own (which a library stream cannot do
+    without losing its buffer), and the crc32c is checked when the end is reached."""
+
+    def __init__(self, owner: GcsStorage, blob: storage.Blob, chunk_size: int) -> None:
+        super().__init__()
+        self._owner = owner
+        self._blob = blob  # from a metadata GET, so its generation is pinned
+        self._size = int(blob.size)
+        self._expected = _hex(blob.crc32c)
+        self._crc = 0
+        self._chunk = chunk_size
+        self._pos = 0
+        self._what = f"read {owner._url(blob.name)}"
+
+    def readable(self) -> bool:
+        return True
+
+    def _fetch(self, count: int) -> bytes:
+        start = self._pos
+
+        def fetch() -> bytes:
+            data: bytes = self._blob.download_as_bytes(
+                start=start, end=start + count - 1, raw_download=True, checksum=None, retry=None
+            )
+            return data
+
+        return self._owner._call(self._what, fetch)
+
+    def _at_end(self) -> None:
+        """Raises on every read once the bytes are known bad, so no caller mistakes it for EOF."""
+        actual = f"{self._crc:08x}"
+        if self._expected is not None and actual != self._expected:
+            raise StorageError(f"{self._what}: crc32c {actual} != stored {self._expected}")
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        if not len(view):
+            return 0
+        count = min(len(view), self._chunk, self._size - self._pos)
+        if count <= 0:
+            self._at_end()
+            return 0
+        data = self._fetch(count)
+        if not data or len(data) > count:
+            raise StorageError(f"{self._what}: asked {count} bytes at {self._pos}, got {len(data)}")
+        view[: len(data)] = data
+        self._crc = _crc32c(self._crc, data)
+        self._pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        """RawIOBase reads 8 KiB at a time, which would be a request per 8 KiB."""
+        parts: list[bytes] = []
+        chunk = bytearray(self._chunk)
+        while count := self.readinto(chunk):
+            parts.append(bytes(chunk[:count]))
+        return b"".join(parts)
