@@ -43,6 +43,9 @@ def configure_logging(level: str = "INFO") -> None:
         logger.propagate = True
     # Every job run would be two lines every 30 s; our jobs log what they did themselves.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # Provider clients log signed requests (key ids, tokens) at DEBUG: never let them.
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "google", "google_auth_httplib2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 UVICORN_LOG_CONFIG: dict[str, Any] = {"version": 1, "disable_existing_loggers": False}

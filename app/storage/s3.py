@@ -99,6 +99,7 @@ LIST_PAGE = 1000  # ListObjectsV2's own maximum; one page is one DeleteObjects b
 # short enough to finish well within the read timeout.
 COPY_PART = 256 * MiB
 READ_BUFFER = 1 * MiB
+SINGLE_PUT_MAX = 200 * MiB  # a seekable source up to this goes in one streamed PutObject
 # Upload parts held in memory at once by this whole process, whatever the number of files
 # and uploads running: with 16 MiB parts, 128 MiB. Keeps a worker's peak memory bounded
 # however large the checkpoint and however many shards copy in parallel.
@@ -211,6 +212,59 @@ class _Body(io.RawIOBase):
         super().close()
 
 
+def _seekable(reader: BinaryIO) -> bool:
+    seekable = getattr(reader, "seekable", None)
+    return bool(callable(seekable) and seekable())
+
+
+class _Window(io.RawIOBase):
+    """`size` bytes of a seekable reader from its current position, rewindable for retries
+    and blind to whatever follows (botocore reads a body to its end to sign it)."""
+
+    def __init__(self, reader: BinaryIO, size: int) -> None:
+        super().__init__()
+        self._reader = reader
+        self._start = reader.tell()
+        self._size = size
+        self._pos = 0
+
+    def rewind(self) -> None:
+        self.seek(0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, min(self._size, base + offset))
+        self._reader.seek(self._start + self._pos)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._size - self._pos
+        want = left if size is None or size < 0 else min(size, left)
+        data = self._reader.read(want) if want else b""
+        if want and not data:
+            # Never send a body short of its Content-Length: the server would wait for the rest.
+            raise StorageError(f"the reader ended early, short of the {self._size} bytes")
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def __len__(self) -> int:
+        return self._size
+
+
 def _read_exact(reader: BinaryIO, size: int) -> bytes:
     data = reader.read(size)
     if len(data) == size or not data:
@@ -303,6 +357,7 @@ class S3Storage:
         request_checksums: str = "when_supported",
         part_size: int = 16 * MiB,
         max_single_copy: int = limits.S3_MAX_SINGLE_COPY,
+        single_put_max: int = SINGLE_PUT_MAX,
         concurrency: int = 8,
     ) -> None:
         if request_checksums not in ("when_supported", "when_required"):
@@ -322,6 +377,7 @@ class S3Storage:
         self.request_checksums = checksums
         self.part_size = part_size
         self.max_single_copy = max_single_copy
+        self.single_put_max = min(single_put_max, limits.S3_MAX_SINGLE_PUT)
         self.concurrency = concurrency
         config = Config(
             request_checksum_calculation=checksums,
@@ -499,6 +555,9 @@ class S3Storage:
             raise ValueError(f"size {size} < 0")
         object_key = self._key(key)
         extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
+        if size > self.part_size and _seekable(reader) and size <= self.single_put_max:
+            self._put_streamed(object_key, reader, size, extra)
+            return
         if size > self.part_size:
             self._upload_parts(object_key, reader, size, extra)
             return
@@ -509,6 +568,34 @@ class S3Storage:
             what,
             partial(self.client.put_object, Bucket=self.bucket, Key=object_key, Body=data, **extra),
         )
+
+    def _put_streamed(
+        self, object_key: str, reader: BinaryIO, size: int, extra: dict[str, Any]
+    ) -> None:
+        """One PutObject read straight from a seekable reader (a file): nothing is held in
+        memory, and a retry seeks back. One request beats many parts up to a couple of
+        hundred MiB (rclone's upload cutoff is 200 MiB for the same reason)."""
+        what = f"PutObject {self._url(object_key)}"
+        window = _Window(reader, size)
+
+        def put() -> Any:
+            window.rewind()
+            return self.client.put_object(
+                Bucket=self.bucket,
+                Key=object_key,
+                Body=window,  # type: ignore[arg-type]  # a raw binary stream
+                ContentLength=size,
+                **extra,
+            )
+
+        self._request(what, put)
+        window.seek(size)
+        if reader.read(1):
+            self._request(
+                f"DeleteObject {self._url(object_key)}",
+                partial(self.client.delete_object, Bucket=self.bucket, Key=object_key),
+            )
+            raise StorageError(f"{what}: the reader holds more than the {size} bytes announced")
 
     def _read_part(self, reader: BinaryIO, size: int, total: int, what: str) -> bytes:
         data = _read_exact(reader, size)
@@ -570,18 +657,20 @@ class S3Storage:
         extra: dict[str, Any] = {}
         if self.request_checksums == "when_supported":
             extra["ChecksumAlgorithm"] = "CRC32"
-        response = self._request(
-            f"UploadPart {number} of {self._url(object_key)}",
-            partial(
-                self.client.upload_part,
+
+        def send() -> Any:
+            # A fresh file object each attempt, not bytes: botocore glues a bytes body to
+            # the headers before sending, a second copy of every part in flight.
+            return self.client.upload_part(
                 Bucket=self.bucket,
                 Key=object_key,
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=data,
+                Body=io.BytesIO(data),
                 **extra,
-            ),
-        )
+            )
+
+        response = self._request(f"UploadPart {number} of {self._url(object_key)}", send)
         part: CompletedPartTypeDef = {"PartNumber": number, "ETag": response["ETag"]}
         if "ChecksumCRC32" in response:
             part["ChecksumCRC32"] = response["ChecksumCRC32"]

@@ -60,7 +60,11 @@ class TransferReport:
 
 
 class DigestingReader:
-    """Reads through to `inner`, digesting the bytes with the manifest's algorithms."""
+    """Reads through to `inner`, digesting the bytes with the manifest's algorithms.
+
+    Seekable when `inner` is, but only back over bytes already read: a retry, or a signer
+    that reads a body and rewinds it, sees the same bytes again, and each byte is digested
+    once, when the reading first gets past it. `count` is how far that is."""
 
     def __init__(self, inner: BinaryIO, algorithms: list[str], expected: int | None = None) -> None:
         self.inner = inner
@@ -72,21 +76,41 @@ class DigestingReader:
             else None
         )
         self.count = 0
+        self.position = 0  # relative to where `inner` stood at the start
+        self.start = inner.tell() if self.seekable() else 0
 
-    def read(self, size: int = -1) -> bytes:
-        data = self.inner.read(size)
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.inner.read(-1 if size is None else size)
         if not data and size != 0 and self.expected is not None and self.count < self.expected:
             raise VerificationFailed(
                 f"the source ended after {self.count} bytes, the manifest says {self.expected}"
             )
         if data:
-            self.count += len(data)
+            start, self.position = self.position, self.position + len(data)
             _count_through(len(data))
-            if self.sha256 is not None:
-                self.sha256.update(data)
-            if self.crc32c is not None:
-                self.crc32c.update(data)  # type: ignore[no-untyped-call]
+            if self.position > self.count:
+                fresh = data[self.count - start :] if start < self.count else data
+                self.count = self.position
+                if self.sha256 is not None:
+                    self.sha256.update(fresh)
+                if self.crc32c is not None:
+                    self.crc32c.update(fresh)  # type: ignore[no-untyped-call]
         return data
+
+    def seekable(self) -> bool:
+        seekable = getattr(self.inner, "seekable", None)
+        return bool(callable(seekable) and seekable())
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self.position + offset}.get(whence)
+        if target is None or not 0 <= target <= self.count or not self.seekable():
+            raise OSError("a digesting reader seeks only back over bytes it has read")
+        self.inner.seek(self.start + target)
+        self.position = target
+        return target
 
     def digests(self) -> dict[str, str]:
         out: dict[str, str] = {}

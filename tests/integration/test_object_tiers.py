@@ -394,3 +394,96 @@ def test_a_class_change_in_place_moves_no_bytes_through_the_service(
         assert buckets.s3_objects(buckets.cold, "shared/x/step-5") == {
             path: (data, "GLACIER_IR") for path, data in files.items()
         }
+
+
+def test_a_slow_restore_is_polled_at_least_every_30_seconds(
+    client: TestClient,
+    app: FastAPI,
+    data_dir: Path,
+    buckets: Buckets,
+    moto_s3: S3Endpoint,  # noqa: F811
+) -> None:
+    """moto's state manager keeps the restore in progress for a few looks, as S3 would for
+    hours: the action waits (no attempt spent) and is polled again within 30 s each time."""
+    import httpx
+    from sqlalchemy import select
+
+    from app.db.models import Action
+    from app.db.session import session_scope
+
+    transition = {
+        "model_name": "s3::keyrestore",
+        "transition": {"progression": "manual", "times": 6},
+    }
+    httpx.post(f"{moto_s3.url}/moto-api/state-manager/set-transition", json=transition)
+    try:
+        run = make_run(client)
+        files = shards(11, n=1)
+        upload_s3(buckets, buckets.deep, "ckpt/slow/step-11", files, "GLACIER")
+        response = register(
+            client,
+            run["id"],
+            11,
+            f"s3://{buckets.deep}/ckpt/slow/step-11",
+            "final",
+            files=entries(files),
+        )
+        assert response.status_code == 201, response.text
+        restore = client.post(
+            f"/v1/checkpoints/{response.json()['id']}/restore", json={"tier": "hot"}
+        ).json()
+        moment = datetime.now(UTC)
+        steps: list[str | None] = []
+        for _ in range(30):
+            make_executor(app, clock=lambda m=moment: m).drain()
+            with session_scope(app.state.session_factory) as session:
+                action = session.execute(
+                    select(Action).where(Action.id == restore["id"])
+                ).scalar_one()
+                if action.state != "pending":
+                    break
+                steps.append(action.step)
+                assert action.attempts == 0 and action.error is None
+                assert timedelta(0) < action.due_at - moment <= timedelta(seconds=30)
+                moment = action.due_at
+        assert client.get(f"/v1/actions/{restore['id']}").json()["state"] == "done"
+        assert steps[:2] == ["restoring/0", "restoring/1"], steps  # still in progress once
+        assert tree(step_dir(data_dir, "hot", run, 11)) == files
+    finally:
+        httpx.post(
+            f"{moto_s3.url}/moto-api/state-manager/unset-transition",
+            json={"model_name": "s3::keyrestore"},
+        )
+
+
+def test_credentials_never_reach_the_ledger_the_logs_or_the_api(
+    client: TestClient,
+    app: FastAPI,
+    data_dir: Path,
+    buckets: Buckets,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A move into a bucket that does not exist fails with the provider's error; neither
+    that error, nor the logs, nor any response carries the keys the client signed with."""
+    from tests.storage.s3_servers import ACCESS_KEY, SECRET_KEY
+
+    buckets.s3.delete_bucket(Bucket=buckets.cold)
+    put_policy(
+        client,
+        "name: to-cold\nrules:\n  - name: now\n    class: milestone\n"
+        "    when: {run_ended: 0s}\n    action: {move_to: cold}\n",
+    )
+    run = make_run(client)
+    checkpoint = place(client, data_dir, run, 10, "milestone")
+    end_run(client, run["id"], datetime.now(UTC) - timedelta(hours=1))
+    (move,) = sweep_now(client)["actions"]
+    caplog.set_level("INFO")
+
+    drain_all(app)
+
+    action = client.get(f"/v1/actions/{move}").json()
+    assert action["state"] in ("pending", "failed") and "NoSuchBucket" in action["error"], action
+    assert fetch_checkpoint(client, checkpoint["id"])["tier"] == "hot"
+    shown = [caplog.text, str(action), client.get("/v1/tiers").text, str(ledger(client))]
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert not any(secret in text for text in shown)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 BIN = Path(sys.executable).parent
-ACCESS_KEY = "testing"
-SECRET_KEY = "testing"
+ACCESS_KEY = "ckpt-test-access-key"
+SECRET_KEY = "ckpt-test-secret-7f3a9c"  # distinctive, so tests can prove it is never shown
 START_TIMEOUT = 30.0
 
 
@@ -39,9 +39,12 @@ class S3Endpoint:
 
 
 def dummy_credentials() -> None:
-    """Before any client exists, so boto3's default chain finds the test servers' keys."""
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    """Before any client exists, so boto3's default chain finds the test servers' keys (and
+    never a developer's real ones: the tests must not reach a real account)."""
+    os.environ["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
+    os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
@@ -115,8 +118,6 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
 @pytest.fixture(scope="session")
 def rclone_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     dummy_credentials()
-    if os.environ["AWS_ACCESS_KEY_ID"] != ACCESS_KEY:
-        pytest.skip("AWS_ACCESS_KEY_ID holds other credentials; rclone only accepts the test keys")
     base = tmp_path_factory.mktemp("rclone")
     root = base / "root"
     root.mkdir()

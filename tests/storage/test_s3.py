@@ -149,7 +149,14 @@ def test_small_objects_round_trip(storage: S3Storage, raw: S3Client, bucket: str
 
 
 def test_multipart_upload_round_trip_in_bounded_parts(moto_s3: S3Endpoint, bucket: str) -> None:
-    storage = S3Storage(bucket, "tier", endpoint_url=moto_s3.url, part_size=PART, concurrency=2)
+    storage = S3Storage(
+        bucket,
+        "tier",
+        endpoint_url=moto_s3.url,
+        part_size=PART,
+        concurrency=2,
+        single_put_max=PART,  # a seekable reader would otherwise go in one streamed PUT
+    )
     data = os.urandom(3 * PART + 123)  # four parts, the last small
     calls = Calls(storage, "PutObject", "UploadPart", "CompleteMultipartUpload")
     done_parts = 0
@@ -185,6 +192,22 @@ def test_multipart_upload_round_trip_in_bounded_parts(moto_s3: S3Endpoint, bucke
     assert "md5" not in info.checksums
     assert read_all(storage, "big/x.bin") == data
     assert [(i.key, i.size_bytes) for i in storage.list_prefix("big")] == [("x.bin", len(data))]
+
+
+def test_a_seekable_source_streams_in_one_put_and_a_retry_rewinds_it(
+    moto_s3: S3Endpoint, bucket: str
+) -> None:
+    """A file up to single_put_max goes in one request, read from the file as it is sent;
+    after a failed attempt the next one starts again from the first byte."""
+    with FaultyProxy(moto_s3.url) as proxy:
+        storage = S3Storage(bucket, "tier", endpoint_url=proxy.url, part_size=PART)
+        data = os.urandom(2 * PART + 7)
+        proxy.fail(1, "slowdown", method="PUT")
+        storage.upload("one/blob", io.BytesIO(data), len(data))
+        assert proxy.count("PUT", None) == 2
+    assert read_all(storage, "one/blob") == data
+    info = storage.head("one/blob")
+    assert info is not None and "-" not in info.checksums["etag"]  # one part: a plain MD5
 
 
 def test_upload_checks_the_announced_size(storage: S3Storage, raw: S3Client, bucket: str) -> None:
@@ -520,7 +543,12 @@ def test_upload_survives_transient_failures(
     instant_backoff: None,
 ) -> None:
     storage = S3Storage(
-        new_bucket(moto_s3), "t", endpoint_url=proxy.url, part_size=PART, concurrency=2
+        new_bucket(moto_s3),
+        "t",
+        endpoint_url=proxy.url,
+        part_size=PART,
+        concurrency=2,
+        single_put_max=PART,  # multipart even from a seekable reader
     )
     proxy.fail(2, "slowdown", method="PUT")
     storage.upload("small", io.BytesIO(b"abc"), 3)
