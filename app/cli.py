@@ -10,6 +10,7 @@ import typer
 import uvicorn
 
 from app.cli_lifecycle import register as register_lifecycle_commands
+from app.cli_token import register as register_token_commands
 from app.db import migrate as migrations
 from app.logging import UVICORN_LOG_CONFIG, configure_logging
 from app.services.policies import PolicyFileError, load_policy_files
@@ -41,12 +42,6 @@ def _serve(settings: Settings, *, factory: str, workers: int) -> None:
         "starting",
         extra={"host": settings.host, "port": settings.port, "auth": settings.auth},
     )
-    if settings.auth == "on":
-        # Tokens and scopes are not built yet: say so rather than imply a protection.
-        log.warning(
-            "access control is not enforced yet: any client that reaches this address may "
-            "change the catalog; listen on a loopback or private address only"
-        )
     uvicorn.run(
         factory,
         factory=True,
@@ -82,6 +77,7 @@ def migrate() -> None:
 
 
 register_lifecycle_commands(cli, _settings)
+register_token_commands(cli, _settings)
 
 
 def main() -> None:

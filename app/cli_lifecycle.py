@@ -3,6 +3,7 @@ commands for operators with database access, printing readable tables."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import signal
 import threading
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.access import operator_actor
 from app.domain.errors import AppError
 from app.domain.tier import Tier
 from app.logging import configure_logging
@@ -80,6 +82,14 @@ def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
                 if label != "copied"
                 else f"copied to {tier}: {human_bytes(size)}"
             )
+
+
+def operator() -> str:
+    """The actor of a command run by someone with database access: their login name."""
+    try:
+        return operator_actor(getpass.getuser())
+    except (OSError, KeyError):  # no login name in this environment
+        return operator_actor("unknown")
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,13 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                 )
             return
         sweep_id, ids = run_sweep(
-            factory, tiers=tiers, now=now, trigger="manual", project=project, run_id=run
+            factory,
+            tiers=tiers,
+            now=now,
+            trigger="manual",
+            actor=operator(),
+            project=project,
+            run_id=run,
         )
         console.print(f"sweep {sweep_id}: {len(ids)} actions written to the ledger")
 

@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api import checkpoints, errors, lifecycle, policies, runs, tiers
+from app.api import checkpoints, errors, lifecycle, metrics, policies, runs, tiers, tokens
+from app.api.auth import authorize, document_security, route_templates
 from app.api.schemas import CheckpointCreate
 from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
 from app.domain.tier import Tier
 from app.scheduler.runtime import Runtime
 from app.services.policies import load_policy_files, store_policy
+from app.services.tokens import count_live_admin_tokens, ensure_token
 from app.settings import Settings, get_settings
 from app.tiers import load_tiers
+
+log = logging.getLogger("app.main")
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,36 @@ def load_policies_into(
     files = load_policy_files(settings.policies_dir, [t.name for t in tier_list])
     with session_scope(factory) as session:
         for path, policy in files:
-            store_policy(session, policy, source=str(path), now=datetime.now(UTC))
+            store_policy(
+                session, policy, source=str(path), actor=POLICY_FILES_ACTOR, now=datetime.now(UTC)
+            )
+
+
+def bootstrap_token(factory: sessionmaker[Session], settings: Settings) -> None:
+    """Seed the CKPT_BOOTSTRAP_TOKEN admin token if absent (several replicas may start at
+    once: one insert that ignores a conflict), and say when nobody could get in."""
+    with session_scope(factory) as session:
+        if settings.bootstrap_token is not None:
+            token, created = ensure_token(
+                session,
+                name="bootstrap",
+                secret=settings.bootstrap_token.get_secret_value(),
+                scopes=["admin"],
+                projects=[ALL_PROJECTS],
+                actor=BOOTSTRAP_ACTOR,
+                now=datetime.now(UTC),
+            )
+            if created:
+                log.info("bootstrap token created", extra={"token_id": token.id})
+            elif token.revoked_at is not None:
+                log.warning(
+                    "CKPT_BOOTSTRAP_TOKEN is a revoked token: it stays revoked",
+                    extra={"token_id": token.id},
+                )
+        if settings.auth == "on" and count_live_admin_tokens(session) == 0:
+            log.warning(
+                "no admin token exists: set CKPT_BOOTSTRAP_TOKEN or run `ckpt token create`"
+            )
 
 
 def create_app(
@@ -74,6 +109,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         load_policies_into(factory, settings, tier_list)
+        bootstrap_token(factory, settings)
         runtime.start()
         # Everything built so far lives as long as the process: keep it out of the cyclic
         # collector's full passes, which otherwise stall requests for tens of milliseconds.
@@ -91,6 +127,7 @@ def create_app(
         version="1",
         description="Catalogs ML training checkpoints and enforces their retention.",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],  # every route, through the rule table
     )
     app.state.settings = settings
     app.state.tiers = tier_list
@@ -98,8 +135,9 @@ def create_app(
     app.state.session_factory = factory
     app.state.runtime = runtime
     errors.install(app)
-    for module in (runs, checkpoints, lifecycle, policies, tiers):
+    for module in (runs, checkpoints, lifecycle, policies, tiers, tokens, metrics):
         app.include_router(module.router)
+    app.state.route_templates = route_templates(app.routes)
     _document_raw_bodies(app)
     return app
 
@@ -122,6 +160,7 @@ def _document_raw_bodies(app: FastAPI) -> None:
             for name, sub in body.pop("$defs", {}).items():
                 components.setdefault(name, sub)
             components["CheckpointCreate"] = body
+            document_security(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

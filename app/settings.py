@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.domain.duration import parse_duration
 
 ENV_PREFIX = "CKPT_"
+MIN_BOOTSTRAP_TOKEN_LENGTH = 16
 
 
 def _duration(value: object) -> object:
@@ -57,6 +58,14 @@ class Settings(BaseSettings):
                 f"CKPT_AUTH=off is refused unless CKPT_HOST is a loopback address "
                 f"(got {self.host!r})"
             )
+        if self.bootstrap_token is not None:
+            # The message never repeats the value: it is an admin credential.
+            secret = self.bootstrap_token.get_secret_value()
+            if len(secret) < MIN_BOOTSTRAP_TOKEN_LENGTH or any(c.isspace() for c in secret):
+                raise ValueError(
+                    f"CKPT_BOOTSTRAP_TOKEN must be at least {MIN_BOOTSTRAP_TOKEN_LENGTH} "
+                    "characters without spaces (it is an admin token)"
+                )
         if self.sweep_interval <= timedelta(0):
             raise ValueError("CKPT_SWEEP_INTERVAL must be longer than 0s")
         if not 0 < self.port < 65536:

@@ -28,6 +28,16 @@ class TiersFileError(Exception):
     """The tiers file is unreadable or invalid; the message names the file and field."""
 
 
+def _refuse_credentials(value: str) -> None:
+    """Credentials come from the provider's own chain, never from a URL in the tiers file,
+    which the API shows and logs may print. The message does not repeat the value."""
+    if "@" in urlsplit(value).netloc:
+        raise ValueError(
+            "must not hold credentials (user:password@host): the provider's own chain "
+            "(environment, profile, workload identity) supplies them"
+        )
+
+
 class PriceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -52,6 +62,7 @@ class TierConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _valid_url(cls, value: str) -> str:
+        _refuse_credentials(value)
         try:
             parse_url(value, field_name="url")
         except Invalid as error:
@@ -63,6 +74,7 @@ class TierConfig(BaseModel):
     @classmethod
     def _valid_endpoint(cls, value: str | None) -> str | None:
         if value is not None:
+            _refuse_credentials(value)
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"{value!r} must be an http:// or https:// URL")

@@ -7,6 +7,9 @@ final at the end. The clock is simulated by back-dating `created_at` (the run st
     make run                              # in one terminal
     .venv/bin/python examples/simulated_job.py [--days 45] [--url http://127.0.0.1:8000]
 
+With access control on, give it an admin token (it sweeps and approves held deletes):
+`--token SECRET`, or CKPT_TOKEN in the environment.
+
 It prints how many rolling checkpoints are on disk as the run goes (at most 3 plus the
 one being written), then the plan, the ledger, and where every checkpoint ended up.
 """
@@ -26,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 OPEN = ("held", "pending", "running")
+TOKEN: str | None = None  # set from --token
 
 
 def call(base: str, method: str, path: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        base + path, data=data, method=method, headers={"content-type": "application/json"}
-    )
+    headers = {"content-type": "application/json"}
+    if TOKEN:
+        headers["authorization"] = f"Bearer {TOKEN}"
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             raw = response.read()
@@ -76,7 +81,10 @@ def main() -> None:
     parser.add_argument("--project", default="llama-70b")
     parser.add_argument("--days", type=int, default=45)
     parser.add_argument("--bytes", type=int, default=4096, help="size of each shard")
+    parser.add_argument("--token", default=os.environ.get("CKPT_TOKEN"), help="an admin token")
     args = parser.parse_args()
+    global TOKEN
+    TOKEN = args.token
     base = args.url.rstrip("/")
     now = datetime.now(UTC)
     started = now - timedelta(days=args.days + 31)

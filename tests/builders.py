@@ -13,7 +13,9 @@ import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from app.db.session import session_scope
 from app.services.executor import Executor
+from app.services.tokens import create_token
 
 
 def make_run(
@@ -254,3 +256,44 @@ def tier_usage(client: TestClient | httpx.Client) -> dict[str, dict[str, int]]:
     response = client.get("/v1/tiers")
     assert response.status_code == 200, response.text
     return {t["name"]: t["usage"] for t in response.json()["items"]}
+
+
+# --- access control ---------------------------------------------------------------------------
+
+# Every token secret the tests made. None may appear in any log line of the run (conftest).
+SECRETS: set[str] = set()
+
+
+def remember_secret(secret: str) -> str:
+    SECRETS.add(secret)
+    return secret
+
+
+def issue_token(
+    app: FastAPI,
+    *,
+    name: str = "test",
+    scopes: tuple[str, ...] = ("admin",),
+    projects: tuple[str, ...] | None = None,
+) -> tuple[str, str]:
+    """A token made straight in the app's database: (id, secret)."""
+    with session_scope(app.state.session_factory) as session:
+        token, secret = create_token(
+            session,
+            name=name,
+            scopes=scopes,
+            projects=projects,
+            actor="test",
+            now=datetime.now(UTC),
+        )
+        return token.id, remember_secret(secret)
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def token_client(app: FastAPI, secret: str | None) -> TestClient:
+    """A client of `app` sending `secret` with every request (or no token at all). Start the
+    app's lifespan with one client in a `with` block; these need none of their own."""
+    return TestClient(app, headers=bearer(secret) if secret is not None else None)

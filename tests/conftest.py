@@ -7,6 +7,7 @@ server fails the run instead of skipping the PostgreSQL half.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,8 +22,10 @@ from sqlalchemy import Engine, text
 from app.db.migrate import upgrade
 from app.db.models import Base
 from app.db.session import make_engine
+from app.logging import JsonFormatter
 from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
+from tests.builders import SECRETS, issue_token, token_client
 
 PG_HOST = os.environ.get("CKPT_TEST_PG_HOST", "127.0.0.1")
 PG_ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
@@ -117,3 +120,76 @@ def app(settings: Settings, clean_engine: Engine) -> FastAPI:
 def client(app: FastAPI) -> Iterator[TestClient]:
     with TestClient(app) as test_client:
         yield test_client
+
+
+# --- access control -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auth_settings(settings: Settings) -> Settings:
+    """The test settings with access control on, as in production."""
+    return settings.model_copy(update={"auth": "on"})
+
+
+@pytest.fixture
+def auth_app(auth_settings: Settings, clean_engine: Engine) -> FastAPI:
+    return create_app(auth_settings, engine=clean_engine, roles=NO_BACKGROUND)
+
+
+@pytest.fixture
+def auth_client(auth_app: FastAPI) -> Iterator[TestClient]:
+    """A client of the auth-on app that sends no token; it runs the app's lifespan."""
+    with TestClient(auth_app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin_secret(auth_app: FastAPI) -> str:
+    return issue_token(auth_app, name="admin", scopes=("admin",))[1]
+
+
+@pytest.fixture
+def admin_client(auth_client: TestClient, auth_app: FastAPI, admin_secret: str) -> TestClient:
+    """The auth-on app as an admin token (auth_client keeps the lifespan running)."""
+    return token_client(auth_app, admin_secret)
+
+
+# Loggers whose records the whole run keeps: the app's own at every level, the libraries'
+# at whatever level they emit (a handler on a parent sees its children's records).
+CAPTURED_LOGGERS = ("app", "uvicorn", "fastapi", "starlette", "httpx", "sqlalchemy", "alembic")
+
+
+class _LogSink(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.formatter_ = JsonFormatter()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.formatter_.format(record))
+        except Exception:  # a record that cannot be formatted is still a line to search
+            self.lines.append(f"{record.msg!r} {record.args!r}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_in_any_log() -> Iterator[_LogSink]:
+    """Every log line of the run, searched at its end for every token secret the tests made
+    (a leak fails the run, as an error of the last test)."""
+    sink = _LogSink()
+    app_logger = logging.getLogger("app")
+    level = app_logger.level
+    app_logger.setLevel(logging.DEBUG)
+    for name in CAPTURED_LOGGERS:
+        logging.getLogger(name).addHandler(sink)
+    yield sink
+    for name in CAPTURED_LOGGERS:
+        logging.getLogger(name).removeHandler(sink)
+    app_logger.setLevel(level)
+    leaked = [
+        line.replace(secret, "<secret>")
+        for line in sink.lines
+        for secret in SECRETS
+        if secret and secret in line
+    ]
+    assert not leaked, f"token secrets in {len(leaked)} log lines, e.g. {leaked[0][:300]}"

@@ -9,7 +9,15 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api.convert import checkpoint_read
-from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, SessionDep, TiersDep
+from app.api.deps import (
+    Cursor,
+    EvaluateLater,
+    Limit,
+    NowDep,
+    PrincipalDep,
+    SessionDep,
+    TiersDep,
+)
 from app.api.schemas import (
     CheckpointCommit,
     CheckpointCreate,
@@ -62,6 +70,7 @@ def register_checkpoint(
     body: Annotated[CheckpointCreate, Depends(_registration)],
     session: SessionDep,
     tiers: TiersDep,
+    principal: PrincipalDep,
     now: NowDep,
     response: Response,
     evaluate_later: EvaluateLater,
@@ -78,7 +87,7 @@ def register_checkpoint(
         committed=body.committed,
     )
     checkpoint, created = checkpoints.register_checkpoint(
-        session, tiers=tiers, run_id=run_id, reg=registration, now=now
+        session, tiers=tiers, run_id=run_id, reg=registration, actor=principal.actor, now=now
     )
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -111,6 +120,7 @@ def commit_checkpoint(
     checkpoint_id: str,
     session: SessionDep,
     tiers: TiersDep,
+    principal: PrincipalDep,
     now: NowDep,
     evaluate_later: EvaluateLater,
     body: CheckpointCommit | None = None,
@@ -123,6 +133,7 @@ def commit_checkpoint(
         files=_manifest(body.files),
         size_bytes=body.size_bytes,
         metrics=body.metrics,
+        actor=principal.actor,
         now=now,
     )
     evaluate_later(checkpoint.run_id)
@@ -130,12 +141,22 @@ def commit_checkpoint(
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/pin")
-def pin_checkpoint(checkpoint_id: str, body: PinCreate, session: SessionDep) -> CheckpointRead:
+def pin_checkpoint(
+    checkpoint_id: str, body: PinCreate, session: SessionDep, principal: PrincipalDep
+) -> CheckpointRead:
     return checkpoint_read(
-        checkpoints.set_pin(session, checkpoint_id=checkpoint_id, reason=body.reason)
+        checkpoints.set_pin(
+            session, checkpoint_id=checkpoint_id, reason=body.reason, actor=principal.actor
+        )
     )
 
 
 @router.delete("/v1/checkpoints/{checkpoint_id}/pin")
-def unpin_checkpoint(checkpoint_id: str, session: SessionDep) -> CheckpointRead:
-    return checkpoint_read(checkpoints.set_pin(session, checkpoint_id=checkpoint_id, reason=None))
+def unpin_checkpoint(
+    checkpoint_id: str, session: SessionDep, principal: PrincipalDep
+) -> CheckpointRead:
+    return checkpoint_read(
+        checkpoints.set_pin(
+            session, checkpoint_id=checkpoint_id, reason=None, actor=principal.actor
+        )
+    )

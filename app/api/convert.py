@@ -19,6 +19,8 @@ def run_read(view: RunView) -> RunRead:
         resumed_from=run.resumed_from,
         started_at=run.started_at,
         ended_at=run.ended_at,
+        created_by=run.created_by,
+        updated_by=run.updated_by,
     )
 
 
@@ -49,4 +51,6 @@ def checkpoint_read(checkpoint: Checkpoint) -> CheckpointRead:
         created_at=checkpoint.created_at,
         tier=primary,
         locations=locations,
+        created_by=checkpoint.created_by,
+        updated_by=checkpoint.updated_by,
     )

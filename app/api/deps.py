@@ -10,6 +10,8 @@ import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
 from sqlalchemy.orm import Session
 
+from app.api.auth import authorize
+from app.domain.access import Principal
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
 
@@ -62,6 +64,8 @@ async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TiersDep = Annotated[list[Tier], Depends(_tiers)]
 NowDep = Annotated[datetime, Depends(_now)]
+# The caller, checked already by the app-wide `authorize` (FastAPI runs it once a request).
+PrincipalDep = Annotated[Principal, Depends(authorize)]
 EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size, at most 1000")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor of the last page")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,9 +17,11 @@ PROBLEM = "application/problem+json"
 log = logging.getLogger("app.api")
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+def problem(
+    status: int, title: str, detail: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -37,7 +40,7 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     extra = {"field": error.field} if error.field else {}
     named = error.field and not error.message.startswith(error.field)
     detail = f"{error.field}: {error.message}" if named else error.message
-    return problem(error.status, error.title, detail, **extra)
+    return problem(error.status, error.title, detail, error.headers or None, **extra)
 
 
 async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
@@ -71,7 +74,7 @@ async def _validation_error(_request: Request, error: Exception) -> JSONResponse
 
 async def _http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    return problem(error.status_code, str(error.detail), str(error.detail))
+    return problem(error.status_code, str(error.detail), str(error.detail), error.headers)
 
 
 async def _unexpected(_request: Request, error: Exception) -> JSONResponse:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy.orm import Session
 
 from app.api.convert import checkpoint_read
-from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import (
     ActionKind,
     ActionRead,
@@ -57,11 +57,20 @@ def _what_if(
 
 
 @router.post("/v1/plan")
-def plan(body: PlanRequest, session: SessionDep, tiers: TiersDep, now: NowDep) -> PlanRead:
-    """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing."""
+def plan(
+    body: PlanRequest, session: SessionDep, tiers: TiersDep, principal: PrincipalDep, now: NowDep
+) -> PlanRead:
+    """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing.
+    Without a project or run, a token bounded to some projects gets the plan of those."""
     what_if = _what_if(session, tiers, body.policy)
     result = plan_catalog(
-        session, tiers=tiers, now=now, project=body.project, run_id=body.run_id, policy=what_if
+        session,
+        tiers=tiers,
+        now=now,
+        project=body.project,
+        run_id=body.run_id,
+        policy=what_if,
+        projects=principal.projects,
     )
     return PlanRead(
         actions=[
@@ -95,6 +104,7 @@ def plan(body: PlanRequest, session: SessionDep, tiers: TiersDep, now: NowDep) -
 def sweep(
     request: Request,
     tiers: TiersDep,
+    principal: PrincipalDep,
     now: NowDep,
     body: SweepRequest | None = None,
 ) -> SweepRead:
@@ -105,6 +115,7 @@ def sweep(
         tiers=tiers,
         now=now,
         trigger="manual",
+        actor=principal.actor,
         project=body.project,
         run_id=body.run_id,
     )
@@ -113,13 +124,18 @@ def sweep(
 
 
 @router.post("/v1/sweeps/{sweep_id}/approve")
-def approve_sweep(sweep_id: str, session: SessionDep, now: NowDep) -> SweepRead:
-    return SweepRead(id=sweep_id, actions=ledger.approve_sweep(session, sweep_id, now))
+def approve_sweep(
+    sweep_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
+) -> SweepRead:
+    return SweepRead(
+        id=sweep_id, actions=ledger.approve_sweep(session, sweep_id, principal.actor, now)
+    )
 
 
 @router.get("/v1/actions")
 def list_actions(
     session: SessionDep,
+    principal: PrincipalDep,
     limit: Limit = 100,
     cursor: Cursor = None,
     state: ActionState | None = None,
@@ -135,6 +151,7 @@ def list_actions(
         run_id=run_id,
         limit=limit,
         cursor=cursor,
+        projects=principal.projects,
     )
     return Page[ActionRead](items=[action_read(a) for a in rows], next_cursor=next_cursor)
 
@@ -145,28 +162,45 @@ def get_action(action_id: str, session: SessionDep) -> ActionRead:
 
 
 @router.post("/v1/actions/{action_id}/approve")
-def approve_action(action_id: str, session: SessionDep, now: NowDep) -> ActionRead:
-    return action_read(ledger.approve_action(session, action_id, now))
+def approve_action(
+    action_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
+) -> ActionRead:
+    return action_read(ledger.approve_action(session, action_id, principal.actor, now))
 
 
 @router.delete("/v1/checkpoints/{checkpoint_id}", status_code=status.HTTP_202_ACCEPTED)
-def delete_checkpoint(checkpoint_id: str, session: SessionDep, now: NowDep) -> ActionRead:
+def delete_checkpoint(
+    checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
+) -> ActionRead:
     """To the trash (restorable until the trash period ends); 409 while pinned."""
-    return action_read(ledger.request_delete(session, checkpoint_id, now))
+    return action_read(ledger.request_delete(session, checkpoint_id, principal.actor, now))
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/undelete")
-def undelete_checkpoint(checkpoint_id: str, session: SessionDep, now: NowDep) -> CheckpointRead:
-    return checkpoint_read(ledger.undelete(session, checkpoint_id, now))
+def undelete_checkpoint(
+    checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
+) -> CheckpointRead:
+    return checkpoint_read(ledger.undelete(session, checkpoint_id, principal.actor, now))
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/restore", status_code=status.HTTP_202_ACCEPTED)
 def restore_checkpoint(
-    checkpoint_id: str, body: RestoreRequest, session: SessionDep, tiers: TiersDep, now: NowDep
+    checkpoint_id: str,
+    body: RestoreRequest,
+    session: SessionDep,
+    tiers: TiersDep,
+    principal: PrincipalDep,
+    now: NowDep,
 ) -> ActionRead:
     """Stage a copy onto `tier`, now or at `at`."""
     return action_read(
         ledger.request_restore(
-            session, checkpoint_id=checkpoint_id, tier=body.tier, at=body.at, tiers=tiers, now=now
+            session,
+            checkpoint_id=checkpoint_id,
+            tier=body.tier,
+            at=body.at,
+            tiers=tiers,
+            actor=principal.actor,
+            now=now,
         )
     )

@@ -17,6 +17,7 @@ class PolicyRead(BaseModel):
     name: str
     source: str
     updated_at: datetime
+    updated_by: str | None
     policy: dict[str, Any]
 
 
@@ -97,6 +98,10 @@ class ActionRead(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    actor: str | None = Field(
+        description="who asked for it: a token, or `rule:<policy>/<rule>` for a policy's"
+    )
+    approved_by: str | None = Field(description="who released it, when it was held")
 
 
 class RestoreRequest(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, status
 
-from app.api.deps import Cursor, Limit, NowDep, SessionDep, TiersDep
+from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import PolicyRead
 from app.api.schemas import Page
 from app.db.models import PolicyRow
@@ -31,7 +31,11 @@ _BODY = {
 
 def _read(row: PolicyRow) -> PolicyRead:
     return PolicyRead(
-        name=row.name, source=row.source, updated_at=row.updated_at, policy=row.document
+        name=row.name,
+        source=row.source,
+        updated_at=row.updated_at,
+        updated_by=row.updated_by,
+        policy=row.document,
     )
 
 
@@ -81,13 +85,20 @@ def _document(name: str, body: tuple[str, bytes]) -> object:
 
 @router.put("/{name}", openapi_extra=_BODY)
 def put_policy(
-    name: str, body: RawBody, session: SessionDep, tiers: TiersDep, now: NowDep
+    name: str,
+    body: RawBody,
+    session: SessionDep,
+    tiers: TiersDep,
+    principal: PrincipalDep,
+    now: NowDep,
 ) -> PolicyRead:
     """Validated before anything is stored; a name in the body must match the path."""
     policy = policies.validate_policy(_document(name, body), [t.name for t in tiers])
-    return _read(policies.store_policy(session, policy, source="api", now=now))
+    return _read(
+        policies.store_policy(session, policy, source="api", actor=principal.actor, now=now)
+    )
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_policy(name: str, session: SessionDep) -> None:
-    policies.delete_policy(session, name)
+def delete_policy(name: str, session: SessionDep, principal: PrincipalDep) -> None:
+    policies.delete_policy(session, name, actor=principal.actor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from app.api.convert import run_read
-from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, SessionDep
+from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, PrincipalDep, SessionDep
 from app.api.schemas import Name, Page, RunCreate, RunRead, RunStatus, RunUpdate
 from app.services import runs
 
@@ -17,8 +17,20 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"])
     status_code=status.HTTP_201_CREATED,
     responses={200: {"model": RunRead, "description": "the run already existed"}},
 )
-def create_run(body: RunCreate, session: SessionDep, now: NowDep, response: Response) -> RunRead:
-    view, created = runs.create_run(session, **body.model_dump(), now=now)
+def create_run(
+    body: RunCreate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    response: Response,
+) -> RunRead:
+    view, created = runs.create_run(
+        session,
+        **body.model_dump(),
+        actor=principal.actor,
+        now=now,
+        projects=principal.projects,
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     return run_read(view)
@@ -27,13 +39,19 @@ def create_run(body: RunCreate, session: SessionDep, now: NowDep, response: Resp
 @router.get("")
 def list_runs(
     session: SessionDep,
+    principal: PrincipalDep,
     limit: Limit = 100,
     cursor: Cursor = None,
     project: Name | None = None,
     status: RunStatus | None = None,
 ) -> Page[RunRead]:
     views, next_cursor = runs.list_runs(
-        session, project=project, status=status, limit=limit, cursor=cursor
+        session,
+        project=project,
+        status=status,
+        limit=limit,
+        cursor=cursor,
+        projects=principal.projects,
     )
     return Page[RunRead](items=[run_read(v) for v in views], next_cursor=next_cursor)
 
@@ -45,10 +63,22 @@ def get_run(run_id: str, session: SessionDep) -> RunRead:
 
 @router.patch("/{run_id}")
 def update_run(
-    run_id: str, body: RunUpdate, session: SessionDep, now: NowDep, evaluate_later: EvaluateLater
+    run_id: str,
+    body: RunUpdate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    evaluate_later: EvaluateLater,
 ) -> RunRead:
     """A change of status, labels or policy re-evaluates the run, as a registration does."""
     changes = body.model_dump(exclude_unset=True)
-    view = runs.update_run(session, run_id=run_id, changes=changes, now=now)
+    view = runs.update_run(
+        session,
+        run_id=run_id,
+        changes=changes,
+        actor=principal.actor,
+        now=now,
+        projects=principal.projects,
+    )
     evaluate_later(run_id)
     return run_read(view)

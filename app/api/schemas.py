@@ -74,6 +74,8 @@ class RunRead(BaseModel):
     resumed_from: str | None
     started_at: datetime
     ended_at: datetime | None
+    created_by: str | None = Field(description="who registered it (see access control)")
+    updated_by: str | None = Field(description="who changed it last")
 
 
 def _relative_path(value: str) -> str:
@@ -156,6 +158,8 @@ class CheckpointRead(BaseModel):
     created_at: datetime
     tier: str | None
     locations: list[LocationRead]
+    created_by: str | None = Field(description="who registered it (see access control)")
+    updated_by: str | None = Field(description="who changed it last")
 
 
 class PriceRead(BaseModel):
@@ -190,3 +194,40 @@ class Page(BaseModel, Generic[T]):
 
 class Health(BaseModel):
     status: Literal["ok"]
+
+
+ScopeName = Literal["read", "register", "admin"]
+ProjectGrant = Annotated[str, Field(pattern=r"^(\*|[a-z0-9][a-z0-9._-]{0,62})$")]
+
+
+class TokenCreate(Strict):
+    name: Name
+    scopes: Annotated[list[ScopeName], Field(min_length=1, max_length=3)]
+    projects: (
+        Annotated[
+            list[ProjectGrant],
+            Field(
+                min_length=1,
+                max_length=1000,
+                description='project names, or ["*"] for all; admin tokens take only ["*"]',
+            ),
+        ]
+        | None
+    ) = None
+
+
+class TokenRead(BaseModel):
+    """A token as listed: never its secret, nor the hash of it."""
+
+    id: str
+    name: str
+    scopes: list[str]
+    projects: list[str]
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+    revoked_by: str | None
+
+
+class TokenCreated(TokenRead):
+    token: str = Field(description="the secret, shown in this answer only: store it now")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.api.deps import Cursor, Limit, SessionDep, TiersDep
+from app.api.deps import Cursor, Limit, PrincipalDep, SessionDep, TiersDep
 from app.api.schemas import Health, Page, PriceRead, TierRead, TierUsage
 from app.services.pagination import decode_cursor, encode_cursor
 from app.services.tiers import tier_usage
@@ -16,12 +16,17 @@ router = APIRouter(tags=["tiers"])
 
 @router.get("/v1/tiers")
 def list_tiers(
-    session: SessionDep, tiers: TiersDep, limit: Limit = 100, cursor: Cursor = None
+    session: SessionDep,
+    tiers: TiersDep,
+    principal: PrincipalDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
 ) -> Page[TierRead]:
-    """Hottest first, with what each holds now (active and trashed checkpoints)."""
+    """Hottest first, with what each holds now (active and trashed checkpoints); for a token
+    bounded to some projects, what those projects hold."""
     start = decode_cursor(cursor, int)[0] + 1 if cursor is not None else 0
     page = tiers[start : start + limit]
-    usage = tier_usage(session)
+    usage = tier_usage(session, projects=principal.projects)
     items = [
         TierRead(
             name=tier.name,

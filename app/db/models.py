@@ -33,6 +33,9 @@ NAMING_CONVENTION = {
 
 ID = String(40)
 NAME = String(63)
+# Who made a change: `token:<id>:<name>`, `rule:<policy>/<rule>`, `system:scheduler`, ...
+# (app.domain.access). NULL on rows written before actors were recorded.
+ACTOR = String(200)
 
 
 class Base(DeclarativeBase):
@@ -72,6 +75,8 @@ class Run(Base):
     # Set by a registration, commit or update: the run's policy must be evaluated again.
     # Durable, so any scheduler replica picks it up and a crash loses no request.
     evaluate_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
 
     project: Mapped[Project] = relationship(lazy="raise")
 
@@ -99,6 +104,8 @@ class Checkpoint(Base):
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime())
     committed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     trashed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
 
     locations: Mapped[list[Location]] = relationship(
         lazy="raise", order_by="Location.id", cascade="all, delete-orphan"
@@ -153,6 +160,9 @@ class Action(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Who asked for it: a token (manual requests) or the rule that planned it.
+    actor: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
+    approved_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)  # released a hold
 
 
 class PolicyRow(Base):
@@ -164,6 +174,7 @@ class PolicyRow(Base):
     document: Mapped[dict[str, Any]] = mapped_column(JSON)
     source: Mapped[str] = mapped_column(Text)  # the file it was loaded from, or "api"
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
 
 
 class Sweep(Base):
@@ -178,3 +189,21 @@ class Sweep(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     actions: Mapped[int] = mapped_column(Integer, default=0)
     held: Mapped[int] = mapped_column(Integer, default=0)
+    actor: Mapped[str | None] = mapped_column(ACTOR, nullable=True)  # who started it
+
+
+class Token(Base):
+    """An API token. Only a hash of its secret is stored: the secret is shown once, at
+    creation, and a stolen database yields no usable token."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(NAME)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256, hex
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    projects: Mapped[list[str]] = mapped_column(JSON)  # names, or ["*"]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_by: Mapped[str] = mapped_column(ACTOR)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)

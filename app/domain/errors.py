@@ -13,6 +13,7 @@ class AppError(Exception):
         super().__init__(message)
         self.message = message
         self.field = field
+        self.headers: dict[str, str] = {}
 
 
 class NotFound(AppError):
@@ -35,3 +36,32 @@ class Invalid(AppError):
 class Unavailable(AppError):
     status = 503
     title = "Service unavailable"
+
+
+class Unauthorized(AppError):
+    """No usable credentials: missing, malformed, unknown or revoked token."""
+
+    status = 401
+    title = "Unauthorized"
+
+    def __init__(self, message: str, *, invalid_token: bool = False) -> None:
+        super().__init__(message)
+        challenge = 'Bearer realm="ckpt"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
+        self.headers = {"WWW-Authenticate": challenge}
+
+
+class Forbidden(AppError):
+    """A valid token without the scope, or outside the projects, that the request needs."""
+
+    status = 403
+    title = "Forbidden"
+
+    def __init__(self, message: str, *, scope: str | None = None) -> None:
+        super().__init__(message)
+        if scope is not None:
+            self.headers = {
+                "WWW-Authenticate": f'Bearer realm="ckpt", error="insufficient_scope", '
+                f'scope="{scope}"'
+            }

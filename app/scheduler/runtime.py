@@ -12,6 +12,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.session import session_scope
+from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
 from app.services.executor import Executor
 from app.services.ledger import enqueue_due_purges, requested_evaluations, run_sweep
@@ -105,7 +106,11 @@ class Runtime:
         started = time.perf_counter()
         try:
             sweep_id, ids = run_sweep(
-                self.factory, tiers=self.tiers, now=_now(), trigger="schedule"
+                self.factory,
+                tiers=self.tiers,
+                now=_now(),
+                trigger="schedule",
+                actor=SCHEDULER_ACTOR,
             )
         except Exception:
             log.exception("sweep failed")
@@ -166,6 +171,7 @@ class Runtime:
                             tiers=self.tiers,
                             now=now,
                             trigger="registration",
+                            actor=SCHEDULER_ACTOR,
                             run_id=run_id,
                             answers_request=requested_at,
                         )

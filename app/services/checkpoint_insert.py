@@ -26,11 +26,11 @@ _PG_INSERT = """
     WITH c AS (
         INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
                                  metrics, labels, pinned, pin_reason, created_at,
-                                 registered_at, committed_at)
+                                 registered_at, committed_at, created_by, updated_by)
         VALUES (%(id)s, %(run_id)s, %(step)s, %(klass)s, %(state)s, %(uri)s,
                 %(size_bytes)s, CAST(%(files)s AS JSON), CAST(%(metrics)s AS JSON),
                 CAST(%(labels)s AS JSON), false, NULL, %(created_at)s, %(registered_at)s,
-                %(committed_at)s)
+                %(committed_at)s, %(created_by)s, %(updated_by)s)
         ON CONFLICT DO NOTHING
         RETURNING id, run_id, size_bytes, state
     ), l AS (

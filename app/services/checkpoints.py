@@ -76,7 +76,13 @@ def _check_same_content(existing: Checkpoint, reg: Registration, uri: str, files
 
 
 def register_checkpoint(
-    session: Session, *, tiers: list[Tier], run_id: str, reg: Registration, now: datetime
+    session: Session,
+    *,
+    tiers: list[Tier],
+    run_id: str,
+    reg: Registration,
+    actor: str,
+    now: datetime,
 ) -> tuple[Checkpoint, bool]:
     """Register a checkpoint; returns it and whether it was created.
 
@@ -90,7 +96,7 @@ def register_checkpoint(
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)
-            return _commit_if_writing(session, existing, reg, located, None, now), False
+            return _commit_if_writing(session, existing, reg, located, None, actor, now), False
         if reg.committed:
             files = list_manifest(located)
     elif reg.committed:
@@ -112,6 +118,8 @@ def register_checkpoint(
         "created_at": reg.created_at or now,
         "registered_at": now,
         "committed_at": now if reg.committed else None,
+        "created_by": actor,
+        "updated_by": actor,
     }
     location = {
         "checkpoint_id": values["id"],
@@ -124,7 +132,7 @@ def register_checkpoint(
         existing = _by_step(session, run_id, reg.step)
         assert existing is not None  # the conflicting row is committed, or we would have waited
         _check_same_content(existing, reg, located.uri, files)
-        return _commit_if_writing(session, existing, reg, located, files, now), False
+        return _commit_if_writing(session, existing, reg, located, files, actor, now), False
     # Answer from what was written: no second round trip to read it back.
     checkpoint = Checkpoint(**values)
     checkpoint.locations = [Location(**location)]
@@ -137,6 +145,7 @@ def _commit_if_writing(
     reg: Registration,
     located: Any,
     files: Any,
+    actor: str,
     now: datetime,
 ) -> Checkpoint:
     """A committed re-registration of a reserved step commits it."""
@@ -145,7 +154,13 @@ def _commit_if_writing(
     if files is None:
         files = list_manifest(located)
     _apply_commit(
-        session, checkpoint, files=files, size_bytes=reg.size_bytes, metrics=None, now=now
+        session,
+        checkpoint,
+        files=files,
+        size_bytes=reg.size_bytes,
+        metrics=None,
+        actor=actor,
+        now=now,
     )
     session.flush()
     return checkpoint
@@ -158,6 +173,7 @@ def _apply_commit(
     files: list[dict[str, Any]],
     size_bytes: int | None,
     metrics: dict[str, float] | None,
+    actor: str,
     now: datetime,
 ) -> None:
     checkpoint.files = files
@@ -166,6 +182,7 @@ def _apply_commit(
         checkpoint.metrics = {**checkpoint.metrics, **metrics}
     checkpoint.state = "active"
     checkpoint.committed_at = now
+    checkpoint.updated_by = actor
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
@@ -179,6 +196,7 @@ def commit_checkpoint(
     files: list[dict[str, Any]] | None,
     size_bytes: int | None,
     metrics: dict[str, float] | None,
+    actor: str,
     now: datetime,
 ) -> Checkpoint:
     """Turn a `writing` checkpoint `active`. Repeating the commit of an active one is a no-op
@@ -199,7 +217,13 @@ def commit_checkpoint(
     else:
         require_exists(located)
     _apply_commit(
-        session, checkpoint, files=manifest, size_bytes=size_bytes, metrics=metrics, now=now
+        session,
+        checkpoint,
+        files=manifest,
+        size_bytes=size_bytes,
+        metrics=metrics,
+        actor=actor,
+        now=now,
     )
     session.flush()
     return checkpoint
@@ -238,12 +262,13 @@ def list_checkpoints(
     return page, encode_cursor(page[-1].step) if len(rows) > limit else None
 
 
-def set_pin(session: Session, *, checkpoint_id: str, reason: str | None) -> Checkpoint:
+def set_pin(session: Session, *, checkpoint_id: str, reason: str | None, actor: str) -> Checkpoint:
     """Pin (reason given) or unpin (None). Idempotent."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if reason is not None and checkpoint.state == "deleted":
         raise Conflict("a deleted checkpoint has no bytes left to pin", field="checkpoint_id")
     checkpoint.pinned = reason is not None
     checkpoint.pin_reason = reason
+    checkpoint.updated_by = actor
     session.flush()
     return checkpoint

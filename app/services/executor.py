@@ -8,6 +8,7 @@ worker killed anywhere leaves an action the next worker resumes from its `step`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -18,13 +19,16 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased, selectinload, sessionmaker
 
+from app import metrics
 from app.db.models import Action, Checkpoint, Location, Project, Run
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
+from app.services.crash import crash_point
 from app.services.ledger import purge_action
 from app.services.usage import count_active
 from app.storage.base import Storage, StorageError, join_key
 from app.storage.registry import storage_for
+from app.storage.retry import counting_retries
 from app.storage.transfer import VerificationFailed, change_class, copy_files, verify_files
 
 log = logging.getLogger("app.worker")
@@ -36,6 +40,46 @@ RESTORE_POLL_MAX = timedelta(seconds=30)
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+# -- storage retries per action: `record_retries` is where the ledger will keep them ----------
+
+
+def _tallied(execute: Callable[[Executor, str], None]) -> Callable[[Executor, str], None]:
+    """Count the transient storage retries made while one action executes (its adapters'
+    thread pools included: they run in the caller's context) and record them."""
+
+    @functools.wraps(execute)
+    def run(self: Executor, action_id: str) -> None:
+        with counting_retries() as tally:
+            execute(self, action_id)
+        record_retries(self.factory, action_id, tally.count)
+
+    return run
+
+
+def record_retries(factory: sessionmaker[Session], action_id: str, retries: int) -> None:
+    """After one execution of an action: its storage retries and its outcome go to the
+    metrics and to a log line (`action finished` once it is done, failed or cancelled).
+
+    The ledger does not keep them yet: once `actions.retries` exists, add them to the row in
+    this transaction (`retries=Action.retries + retries`) and log the row's total."""
+    with session_scope(factory) as session:
+        kind, state, attempts = session.execute(
+            select(Action.kind, Action.state, Action.attempts).where(Action.id == action_id)
+        ).one()
+    metrics.action_executed(kind, state, retries)
+    finished = state in metrics.FINAL_STATES
+    log.info(
+        "action finished" if finished else "action attempt ended",
+        extra={
+            "action_id": action_id,
+            "kind": kind,
+            "state": state,
+            "attempts": attempts,
+            "retries": retries,
+        },
+    )
 
 
 class Executor:
@@ -71,7 +115,7 @@ class Executor:
                 other.lease_until >= now,
             )
             stmt = (
-                select(Action.id, Action.updated_at)
+                select(Action.id, Action.updated_at, Action.kind, Action.due_at, Action.lease_until)
                 .where(
                     or_(
                         and_(Action.state == "pending", Action.due_at <= now),
@@ -98,12 +142,15 @@ class Executor:
                     updated_at=now,
                 )
             )
+            if claimed.rowcount == 1:  # type: ignore[attr-defined]
+                metrics.action_claimed(row.kind, row.lease_until or row.due_at, now)
             return row[0] if claimed.rowcount == 1 else None  # type: ignore[attr-defined]
 
     def run_once(self) -> bool:
         action_id = self.claim()
         if action_id is None:
             return False
+        crash_point("worker.claimed")
         self.execute(action_id)
         return True
 
@@ -116,14 +163,34 @@ class Executor:
 
     # -- execution --------------------------------------------------------------------------
 
+    @_tallied
     def execute(self, action_id: str) -> None:
         try:
             kind = self._load(action_id).kind
             {"delete": self._delete, "purge": self._purge}.get(kind, self._transfer)(action_id)
         except VerificationFailed as error:
             self._finish(action_id, "failed", error=f"verification failed: {error}")
+            crash_point("action.failed")
         except (StorageError, OSError) as error:
             self._retry(action_id, f"{type(error).__name__}: {error}")
+            crash_point("action.retry_scheduled")
+            self._remove_failed_copy(action_id)
+
+    def _remove_failed_copy(self, action_id: str) -> None:
+        """A transfer that failed for good leaves no partial copy at its destination (the
+        files copied before the error); a place the catalog lists is never touched."""
+        action = self._load(action_id)
+        dest_uri = action.dest_uri
+        if action.state != "failed" or dest_uri is None or dest_uri == action.source_uri:
+            return
+        try:
+            dest, dest_key = self._storage(dest_uri)
+            self._discard(dest, dest_key, dest_uri)
+        except (StorageError, OSError) as error:  # left for reconcile to report as an orphan
+            log.warning(
+                "could not remove a failed transfer's partial copy",
+                extra={"action_id": action_id, "error": f"{type(error).__name__}: {error}"},
+            )
 
     def _load(self, action_id: str) -> Action:
         with session_scope(self.factory) as session:
@@ -196,6 +263,7 @@ class Executor:
             if checkpoint.state not in ("trashed", "deleted"):
                 checkpoint.state = "trashed"
                 checkpoint.trashed_at = self.clock()
+                checkpoint.updated_by = action.actor
             self._close(action, "done")
             session.flush()
             if checkpoint.state == "trashed" and self.trash_retention <= timedelta(0):
@@ -203,6 +271,7 @@ class Executor:
                 session.add(
                     purge_action(session, checkpoint.id, checkpoint.run_id, size, self.clock())
                 )
+        crash_point("delete.trashed")
 
     def _purge(self, action_id: str) -> None:
         """Remove the bytes from every location, then mark the checkpoint deleted."""
@@ -217,17 +286,22 @@ class Executor:
                 self._close(action, "cancelled", f"checkpoint is {checkpoint.state}")
                 return
             uris = [loc.uri for loc in checkpoint.locations]
+        crash_point("purge.checked")
         for uri in uris:
             storage, key = self._storage(uri)
             storage.delete_prefix(key)
+            crash_point("purge.location_removed")
         with session_scope(self.factory) as session:
             checkpoint = self._checkpoint(session, action.checkpoint_id)
+            metrics.bytes_purged(checkpoint.size_bytes, [loc.tier for loc in checkpoint.locations])
             for loc in list(checkpoint.locations):
                 session.delete(loc)
             checkpoint.state = "deleted"
+            checkpoint.updated_by = action.actor
             finished = session.get(Action, action_id)
             assert finished is not None
             self._close(finished, "done")
+        crash_point("purge.done")
 
     def _storage(self, uri: str) -> tuple[Storage, str]:
         located = locate(uri, self.tiers)
@@ -253,6 +327,7 @@ class Executor:
                 # The record is ahead of the catalog: never remove a source the catalog still
                 # lists on the record's word; verify the destination and switch again.
                 step = "copied"
+        crash_point("transfer.started")
         assert source_uri is not None and dest_uri is not None and action.to_tier is not None
         dest_tier = self.tiers_by_name[action.to_tier]
         source, source_key = self._storage(source_uri)
@@ -267,8 +342,10 @@ class Executor:
             with self._lease_kept(action_id):
                 if in_place:
                     change_class(dest, dest_key, manifest, dest_tier.storage_class or "STANDARD")
+                    crash_point("transfer.class_changed")
                 else:
                     dest.abort_uploads(dest_key)  # a crashed attempt's unfinished uploads
+                    crash_point("transfer.uploads_aborted")
                     try:
                         streamed = copy_files(
                             source,
@@ -277,11 +354,13 @@ class Executor:
                             dest_key,
                             manifest,
                             storage_class=dest_tier.storage_class,
+                            on_file=lambda: crash_point("transfer.file_copied"),
                         ).digests
                     except VerificationFailed:
                         self._discard(dest, dest_key, dest_uri)
                         raise
             self._set_step(action_id, "copied")
+            crash_point("transfer.copied")
             step = "copied"
         if step == "copied":
             problems = verify_files(
@@ -292,6 +371,7 @@ class Executor:
                 source=source,
                 source_prefix=source_key,
             )
+            crash_point("transfer.destination_checked")
             if problems:
                 if not in_place:
                     self._discard(dest, dest_key, dest_uri)
@@ -299,13 +379,17 @@ class Executor:
                     f"{dest_uri} does not match the manifest: " + "; ".join(problems[:5])
                 )
             self._set_step(action_id, "verified")
+            crash_point("transfer.verified")
             step = "verified"
         if step == "verified":
             self._switch(action_id, dest_uri)
+            crash_point("transfer.switched")
             step = "switched"
         if kind == "move" and not in_place:
             source.delete_prefix(source_key)
+            crash_point("transfer.source_removed")
         self._finish(action_id, "done")
+        crash_point("transfer.done")
 
     def _awaiting_restore(
         self,
@@ -324,6 +408,7 @@ class Executor:
         archived = [key for key, state in states.items() if state == "archived"]
         for key in archived:
             source.request_restore(key)
+            crash_point("transfer.restore_requested")
         if not archived and all(state == "readable" for state in states.values()):
             return False
         polls = int(step.split("/")[1]) + 1 if step and "/" in step else 0
@@ -339,6 +424,7 @@ class Executor:
             action.updated_at = now
             action.lease_owner = None
             action.lease_until = None
+        crash_point("transfer.restore_pending")
         waiting = sum(1 for state in states.values() if state != "readable")
         log.info(
             "waiting for archive restore",
@@ -378,6 +464,7 @@ class Executor:
             listed = session.execute(select(Location.id).where(Location.uri == dest_uri)).first()
         if listed is None:
             dest.delete_prefix(dest_key)
+            crash_point("transfer.copy_discarded")
 
     def _refuse_transfer(self, action: Action, checkpoint: Checkpoint) -> str | None:
         if checkpoint.state != "active":
@@ -438,6 +525,7 @@ class Executor:
                         role="replica",
                     )
                 )
+            checkpoint.updated_by = action.actor
             now = self.clock()
             action.step = "switched"
             action.lease_until = now + LEASE

@@ -6,14 +6,16 @@ Every change to storage is an Action row first; workers execute them (executor.p
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Action, Checkpoint, Run, Sweep
+from app import metrics
+from app.db.models import Action, Checkpoint, Project, Run, Sweep
+from app.domain.access import SCHEDULER_ACTOR, rule_actor
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier
@@ -39,18 +41,22 @@ def evaluation_lock(session: Session) -> Iterator[None]:
         yield
 
 
+@metrics.timed_sweep
 def run_sweep(
     factory: sessionmaker[Session],
     *,
     tiers: list[Tier],
     now: datetime,
     trigger: str,
+    actor: str = SCHEDULER_ACTOR,
     project: str | None = None,
     run_id: str | None = None,
     policy: Policy | None = None,
     answers_request: datetime | None = None,
 ) -> tuple[str, list[str]]:
     """Evaluate and write every planned action to the ledger; returns (sweep id, action ids).
+    The sweep records `actor` (who started it: the scheduler unless a person or a token did);
+    each action records the rule that planned it.
     With `answers_request` (one run's `evaluate_requested_at`), that request is cleared in
     the same transaction, unless a newer one arrived meanwhile.
 
@@ -71,7 +77,13 @@ def run_sweep(
                 explain=False,
             )
             sweep = Sweep(
-                id=new_id("swp"), trigger=trigger, run_id=run_id, started_at=now, actions=0, held=0
+                id=new_id("swp"),
+                trigger=trigger,
+                run_id=run_id,
+                started_at=now,
+                actions=0,
+                held=0,
+                actor=actor,
             )
             session.add(sweep)
             created: list[str] = []
@@ -89,6 +101,7 @@ def run_sweep(
                     reason=a.reason,
                     state=item.state,
                     size=a.bytes,
+                    actor=rule_actor(a.rule),
                     now=now,
                     sweep_id=sweep.id,
                 )
@@ -139,6 +152,7 @@ def new_action(
     reason: str | None,
     state: str,
     size: int,
+    actor: str | None,
     now: datetime,
     due_at: datetime | None = None,
     sweep_id: str | None = None,
@@ -159,6 +173,7 @@ def new_action(
         due_at=due_at or now,
         created_at=now,
         updated_at=now,
+        actor=actor,
     )
 
 
@@ -178,9 +193,16 @@ def list_actions(
     run_id: str | None,
     limit: int,
     cursor: str | None,
+    projects: Collection[str] | None = None,
 ) -> tuple[list[Action], str | None]:
-    """Newest first."""
+    """Newest first; only actions on runs of `projects` when given (a bounded caller's)."""
     stmt = select(Action).order_by(Action.id.desc()).limit(limit + 1)
+    if projects is not None:
+        stmt = stmt.where(
+            Action.run_id.in_(
+                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
+            )
+        )
     for column, value in (
         (Action.state, state),
         (Action.kind, kind),
@@ -197,18 +219,23 @@ def list_actions(
     return page, encode_cursor(page[-1].id) if len(rows) > limit else None
 
 
-def approve_action(session: Session, action_id: str, now: datetime) -> Action:
+def approve_action(session: Session, action_id: str, actor: str, now: datetime) -> Action:
     """Release a held delete. Approving one that is no longer held is a no-op."""
     action = get_action(session, action_id)
     if action.state == "held":
-        action.state = "pending"
-        action.due_at = now
-        action.updated_at = now
+        _release(action, actor, now)
         session.flush()
     return action
 
 
-def approve_sweep(session: Session, sweep_id: str, now: datetime) -> list[str]:
+def _release(action: Action, actor: str, now: datetime) -> None:
+    action.state = "pending"
+    action.due_at = now
+    action.updated_at = now
+    action.approved_by = actor
+
+
+def approve_sweep(session: Session, sweep_id: str, actor: str, now: datetime) -> list[str]:
     if session.get(Sweep, sweep_id) is None:
         raise NotFound(f"no sweep has id {sweep_id!r}", field="sweep_id")
     ids = list(
@@ -217,7 +244,9 @@ def approve_sweep(session: Session, sweep_id: str, now: datetime) -> list[str]:
         ).scalars()
     )
     session.execute(
-        update(Action).where(Action.id.in_(ids)).values(state="pending", due_at=now, updated_at=now)
+        update(Action)
+        .where(Action.id.in_(ids))
+        .values(state="pending", due_at=now, updated_at=now, approved_by=actor)
     )
     return ids
 
@@ -239,7 +268,7 @@ def _open_action(
     )
 
 
-def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Action:
+def request_delete(session: Session, checkpoint_id: str, actor: str, now: datetime) -> Action:
     """A person's delete: to the trash like a policy delete, never held. Refused while pinned."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if checkpoint.pinned:
@@ -249,9 +278,7 @@ def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Actio
     existing = _open_action(session, checkpoint_id, "delete", None)
     if existing is not None:
         if existing.state == "held":  # held by a policy's blast radius: asking approves it
-            existing.state = "pending"
-            existing.due_at = now
-            existing.updated_at = now
+            _release(existing, actor, now)
             session.flush()
         return existing
     action = new_action(
@@ -264,6 +291,7 @@ def request_delete(session: Session, checkpoint_id: str, now: datetime) -> Actio
         reason="deleted by request",
         state="pending",
         size=checkpoint.size_bytes,
+        actor=actor,
         now=now,
     )
     session.add(action)
@@ -294,7 +322,7 @@ def _cancel_open(
     session.flush()
 
 
-def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
+def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) -> Checkpoint:
     """Back from the trash to `active`, cancelling its pending purge (or, when the delete has
     not been executed yet, the delete itself)."""
     checkpoint = get_checkpoint(session, checkpoint_id)
@@ -322,6 +350,7 @@ def undelete(session: Session, checkpoint_id: str, now: datetime) -> Checkpoint:
     )
     checkpoint.state = "active"
     checkpoint.trashed_at = None
+    checkpoint.updated_by = actor
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
@@ -336,6 +365,7 @@ def request_restore(
     tier: str,
     at: datetime | None,
     tiers: list[Tier],
+    actor: str,
     now: datetime,
 ) -> Action:
     """Stage a copy of the checkpoint onto `tier`, now or at `at`."""
@@ -357,6 +387,7 @@ def request_restore(
         reason=f"restore to {tier} requested",
         state="pending",
         size=checkpoint.size_bytes,
+        actor=actor,
         now=now,
         due_at=at if at is not None and at > now else now,
     )
@@ -392,15 +423,17 @@ def enqueue_due_purges(
 def purge_action(
     session: Session, checkpoint_id: str, run_id: str, size: int, now: datetime
 ) -> Action:
-    """A purge carries the rule of the delete that trashed the checkpoint."""
-    rule = session.execute(
-        select(Action.rule)
+    """A purge carries the rule and the actor of the delete that trashed the checkpoint:
+    whoever decided the delete decided the purge."""
+    delete = session.execute(
+        select(Action.rule, Action.actor)
         .where(
             Action.checkpoint_id == checkpoint_id, Action.kind == "delete", Action.state == "done"
         )
         .order_by(Action.finished_at.desc())
         .limit(1)
-    ).scalar_one_or_none()
+    ).one_or_none()
+    rule, actor = delete if delete is not None else (None, None)
     return new_action(
         checkpoint_id=checkpoint_id,
         run_id=run_id,
@@ -411,5 +444,6 @@ def purge_action(
         reason="trash period over",
         state="pending",
         size=size,
+        actor=actor,  # None only after a delete recorded before actors were
         now=now,
     )

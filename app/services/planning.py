@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,8 +78,10 @@ def plan_catalog(
     run_id: str | None = None,
     policy: Policy | None = None,
     explain: bool = True,
+    projects: Collection[str] | None = None,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
+    `projects` (a bounded caller's) narrows the whole catalog to those projects.
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -94,6 +96,7 @@ def plan_catalog(
             run_id=run_id,
             policy=policy,
             explain=explain,
+            projects=projects,
         )
 
 
@@ -119,8 +122,9 @@ def _plan(
     run_id: str | None,
     policy: Policy | None,
     explain: bool,
+    projects: Collection[str] | None,
 ) -> CatalogPlan:
-    scope = load_scope(session, project=project, run_id=run_id)
+    scope = load_scope(session, project=project, run_id=run_id, projects=projects)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
     plan = CatalogPlan()

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import PolicyRow
+from app.domain.access import POLICY_FILES_ACTOR
 from app.domain.errors import Invalid, NotFound
 from app.policy.schema import Policy
 from app.services.upsert import upsert
@@ -67,6 +68,10 @@ def parse_yaml(text: str | bytes, *, field: str = "body") -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise Invalid(f"not valid YAML: {error}", field=field) from None
+    except (ValueError, IndexError, TypeError, RecursionError) as error:
+        # PyYAML's scalar constructors crash on some odd scalars (a sign and underscores
+        # read as a float): still the client's bad input, never a 500.
+        raise Invalid(f"not valid YAML: {type(error).__name__}", field=field) from None
 
 
 def load_policy_files(directory: Path, tiers: list[str]) -> list[tuple[Path, Policy]]:
@@ -93,14 +98,23 @@ def to_document(policy: Policy) -> dict[str, Any]:
     return policy.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
-def store_policy(session: Session, policy: Policy, *, source: str, now: datetime) -> PolicyRow:
-    """Insert or replace the policy of that name. Idempotent, and safe when several replicas
-    load the same files at the same moment (one upsert statement)."""
+def store_policy(
+    session: Session,
+    policy: Policy,
+    *,
+    source: str,
+    now: datetime,
+    actor: str = POLICY_FILES_ACTOR,
+) -> PolicyRow:
+    """Insert or replace the policy of that name, recording `actor` (by default the loader
+    of the policy files). Idempotent, and safe when several replicas load the same files at
+    the same moment (one upsert statement)."""
     values = {
         "name": policy.name,
         "document": to_document(policy),
         "source": source,
         "updated_at": now,
+        "updated_by": actor,
     }
     session.execute(upsert(session, PolicyRow, index="name", values=values))
     row = session.get(PolicyRow, policy.name, populate_existing=True)
@@ -119,9 +133,11 @@ def list_policy_rows(session: Session) -> list[PolicyRow]:
     return list(session.execute(select(PolicyRow).order_by(PolicyRow.name)).scalars())
 
 
-def delete_policy(session: Session, name: str) -> None:
+def delete_policy(session: Session, name: str, *, actor: str) -> None:
+    """The row goes; the log keeps who removed it."""
     session.delete(get_policy_row(session, name))
     session.flush()
+    log.info("policy deleted", extra={"policy": name, "actor": actor})
 
 
 # Evaluations run per registration: validate each stored version of a policy once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,10 +34,24 @@ def _unstorable(value: str) -> bool:
     return "\x00" in value
 
 
-def _check_resumed_from(session: Session, checkpoint_id: str | None) -> None:
+def _check_resumed_from(
+    session: Session, checkpoint_id: str | None, projects: Collection[str] | None
+) -> None:
+    """The checkpoint must exist, and lie in `projects` (when given): a run's `resumed_from`
+    protects that checkpoint, which a bounded token must not do outside its projects."""
     if checkpoint_id is None:
         return
-    if _unstorable(checkpoint_id) or session.get(Checkpoint, checkpoint_id) is None:
+    row = (
+        None
+        if _unstorable(checkpoint_id)
+        else session.execute(
+            select(Project.name)
+            .join(Run, Run.project_id == Project.id)
+            .join(Checkpoint, Checkpoint.run_id == Run.id)
+            .where(Checkpoint.id == checkpoint_id)
+        ).one_or_none()
+    )
+    if row is None or (projects is not None and row[0] not in projects):
         raise Invalid(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
 
 
@@ -48,16 +63,19 @@ def create_run(
     labels: dict[str, str],
     policy: str | None,
     resumed_from: str | None,
+    actor: str,
     now: datetime,
+    projects: Collection[str] | None = None,
 ) -> tuple[RunView, bool]:
-    """Create the run, or return the existing one of that project and name (created=False)."""
+    """Create the run, or return the existing one of that project and name (created=False).
+    `projects` bounds the checkpoints `resumed_from` may name (None: any)."""
     project_id = _project_id(session, project, now)
     existing = session.execute(
         select(Run).where(Run.project_id == project_id, Run.name == name)
     ).scalar_one_or_none()
     if existing is not None:
         return RunView(existing, project), False
-    _check_resumed_from(session, resumed_from)
+    _check_resumed_from(session, resumed_from, projects)
     run_id = new_id("run")
     stmt = insert_ignoring_conflicts(session, Run).values(
         id=run_id,
@@ -68,6 +86,8 @@ def create_run(
         policy=policy,
         resumed_from=resumed_from,
         started_at=now,
+        created_by=actor,
+        updated_by=actor,
     )
     session.execute(stmt)
     run = session.execute(
@@ -96,11 +116,14 @@ def list_runs(
     status: str | None,
     limit: int,
     cursor: str | None,
+    projects: Collection[str] | None = None,
 ) -> tuple[list[RunView], str | None]:
-    """Newest run first."""
+    """Newest run first; only runs of `projects` when given (a bounded caller's)."""
     stmt = select(Run, Project.name).join(Project).order_by(Run.id.desc()).limit(limit + 1)
     if project is not None:
         stmt = stmt.where(Project.name == project)
+    if projects is not None:
+        stmt = stmt.where(Project.name.in_(sorted(projects)))
     if status is not None:
         stmt = stmt.where(Run.status == status)
     if cursor is not None:
@@ -114,12 +137,21 @@ def list_runs(
     return views, next_cursor
 
 
-def update_run(session: Session, *, run_id: str, changes: dict[str, Any], now: datetime) -> RunView:
-    """Apply a PATCH. Ending a run stamps `ended_at` (now unless given); reopening clears it."""
+def update_run(
+    session: Session,
+    *,
+    run_id: str,
+    changes: dict[str, Any],
+    actor: str,
+    now: datetime,
+    projects: Collection[str] | None = None,
+) -> RunView:
+    """Apply a PATCH. Ending a run stamps `ended_at` (now unless given); reopening clears it.
+    `projects` bounds the checkpoints `resumed_from` may name (None: any)."""
     view = get_run(session, run_id)
     run = view.run
     if "resumed_from" in changes:
-        _check_resumed_from(session, changes["resumed_from"])
+        _check_resumed_from(session, changes["resumed_from"], projects)
     status = changes.get("status") or run.status
     if "ended_at" in changes and changes["ended_at"] is not None and status == "active":
         raise Invalid(
@@ -139,6 +171,7 @@ def update_run(session: Session, *, run_id: str, changes: dict[str, Any], now: d
     elif run.status == "active" or run.ended_at is None:
         run.ended_at = now
     run.status = status
+    run.updated_by = actor
     run.evaluate_requested_at = run.evaluate_requested_at or now
     session.flush()
     return view

@@ -7,6 +7,7 @@ the session's connection and builds the snapshots straight from the rows.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +29,23 @@ class Scope:
     project_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # count, bytes
 
 
-def _restrict(stmt: Select, project: str | None, run_id: str | None) -> Select:  # type: ignore[type-arg]
+def _restrict(
+    stmt: Select,  # type: ignore[type-arg]
+    project: str | None,
+    run_id: str | None,
+    projects: Collection[str] | None = None,
+) -> Select:  # type: ignore[type-arg]
     if run_id is not None:
         return stmt.where(Checkpoint.run_id == run_id)
     if project is not None:
         return stmt.where(
             Checkpoint.run_id.in_(select(Run.id).join(Project).where(Project.name == project))
+        )
+    if projects is not None:
+        return stmt.where(
+            Checkpoint.run_id.in_(
+                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
+            )
         )
     return stmt
 
@@ -44,14 +56,21 @@ def _rows(session: Session, stmt: Select) -> list[Any]:  # type: ignore[type-arg
     conn = session.connection()
     if conn.dialect.name != "postgresql":
         return list(conn.execute(stmt).all())
-    compiled = stmt.compile(dialect=conn.dialect)
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
         cursor.execute(str(compiled), compiled.params)
         return cursor.fetchall()  # type: ignore[no-any-return]
 
 
-def load_scope(session: Session, *, project: str | None = None, run_id: str | None = None) -> Scope:
-    """Runs in scope (one run, one project, or the whole catalog) with their active
+def load_scope(
+    session: Session,
+    *,
+    project: str | None = None,
+    run_id: str | None = None,
+    projects: Collection[str] | None = None,
+) -> Scope:
+    """Runs in scope (one run, one project, the projects of `projects`, or the whole catalog;
+    the narrowest given wins) with their active
     checkpoints, the checkpoints of the scope that active runs resumed from, and the
     per-project totals of active checkpoints (the blast-radius base)."""
     run_stmt = select(
@@ -68,6 +87,8 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
         run_stmt = run_stmt.where(Run.id == run_id)
     elif project is not None:
         run_stmt = run_stmt.where(Project.name == project)
+    elif projects is not None:
+        run_stmt = run_stmt.where(Project.name.in_(sorted(projects)))
     runs = [
         RunSnapshot(
             id=r[0],
@@ -99,6 +120,7 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
         .where(Checkpoint.state == "active"),
         project,
         run_id,
+        projects,
     )
     replica_stmt = _restrict(
         select(Location.checkpoint_id, Location.tier)
@@ -106,6 +128,7 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
         .where(Location.role == "replica", Checkpoint.state == "active"),
         project,
         run_id,
+        projects,
     )
     replicas: dict[str, set[str]] = defaultdict(set)
     for checkpoint_id, tier in _rows(session, replica_stmt):
@@ -129,8 +152,8 @@ def load_scope(session: Session, *, project: str | None = None, run_id: str | No
     resumed_stmt = select(Run.resumed_from).where(
         Run.status == "active", Run.resumed_from.is_not(None)
     )
-    if run_id is not None or project is not None:
-        in_scope = _restrict(select(Checkpoint.id), project, run_id)
+    if run_id is not None or project is not None or projects is not None:
+        in_scope = _restrict(select(Checkpoint.id), project, run_id, projects)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
     resumed = {cid for (cid,) in _rows(session, resumed_stmt) if cid is not None}
     return Scope(

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Checkpoint, Location
+from app.db.models import Checkpoint, Location, Project, Run
 
 BILLED_STATES = ("active", "trashed")  # trashed bytes are still on disk and still billed
 
 
-def tier_usage(session: Session) -> dict[str, tuple[int, int]]:
-    """tier name -> (bytes, checkpoints) over every location of a live or trashed checkpoint."""
-    rows = session.execute(
+def tier_usage(
+    session: Session, *, projects: Collection[str] | None = None
+) -> dict[str, tuple[int, int]]:
+    """tier name -> (bytes, checkpoints) over every location of a live or trashed checkpoint,
+    of the projects in `projects` when given."""
+    stmt = (
         select(Location.tier, func.coalesce(func.sum(Checkpoint.size_bytes), 0), func.count())
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
         .where(Checkpoint.state.in_(BILLED_STATES))
         .group_by(Location.tier)
-    ).all()
+    )
+    if projects is not None:
+        stmt = stmt.where(
+            Checkpoint.run_id.in_(
+                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
+            )
+        )
+    rows = session.execute(stmt).all()
     return {tier: (int(size), int(count)) for tier, size, count in rows}

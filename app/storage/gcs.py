@@ -38,7 +38,7 @@ from app.storage.base import (
     join_key,
 )
 from app.storage.limits import GCS_MAX_BATCH_CALLS, MiB, batched
-from app.storage.retry import ATTEMPTS, retrying
+from app.storage.retry import ATTEMPTS, in_this_context, retrying
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -395,7 +395,7 @@ class GcsStorage:
                             "GCS endpoint mishandles batch requests; deleting one by one",
                             extra={"bucket": self.bucket_name, "error": str(error)},
                         )
-                for _ in pool.map(self._delete_one, names):
+                for _ in pool.map(in_this_context(self._delete_one), names):
                     pass
                 deleted += len(names)
         return deleted

@@ -53,7 +53,7 @@ from app.storage.base import (
     join_key,
 )
 from app.storage.limits import MiB
-from app.storage.retry import retrying
+from app.storage.retry import in_this_context, retrying
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -437,7 +437,7 @@ class S3Storage:
                     call = next(source, None)
                     if call is None:
                         break
-                    future = pool.submit(call)
+                    future = pool.submit(in_this_context(call))  # the caller's retry tally
                     pending.add(future)
                     if hasattr(call, "discard"):
                         calls_by_future[future] = call

@@ -16,7 +16,9 @@ from typing import Any, BinaryIO
 
 import google_crc32c
 
+from app import metrics
 from app.storage.base import MANIFEST_CHECKSUMS, ObjectInfo, Storage, join_key
+from app.storage.retry import in_this_context
 
 Entry = Mapping[str, Any]  # a manifest entry: path, size_bytes, optional sha256/crc32c
 READ_CHUNK = 1024 * 1024
@@ -219,6 +221,7 @@ def copy_files(
         if server_side:
             dest.copy_within(source, source_key, dest_key, size, storage_class=storage_class)
             report.add(server_side=size)
+            metrics.bytes_transferred("server_side", source.scheme, dest.scheme, size)
         else:
             with source.open_read(source_key) as raw:
                 reader = DigestingReader(raw, known_checksums(entry), expected=size)
@@ -232,6 +235,7 @@ def copy_files(
             with report._lock:
                 report.digests[path] = digests
             report.add(streamed=reader.count)
+            metrics.bytes_transferred("streamed", source.scheme, dest.scheme, reader.count)
         if on_file is not None:
             on_file()
 
@@ -252,6 +256,9 @@ def change_class(
     def one(entry: Entry) -> None:
         storage.set_storage_class(join_key(prefix, entry["path"]), storage_class)
         report.add(server_side=int(entry["size_bytes"]))
+        metrics.bytes_transferred(
+            "class_change", storage.scheme, storage.scheme, int(entry["size_bytes"])
+        )
 
     run_parallel(one, manifest, concurrency)
     return report
@@ -296,10 +303,13 @@ def verify_files(
 
 
 def run_parallel(work: Callable[[Entry], None], entries: Sequence[Entry], workers: int) -> None:
+    """`work` on every entry, in up to `workers` threads that share the caller's context
+    (its retry tally)."""
     if len(entries) <= 1 or workers <= 1:
         for entry in entries:
             work(entry)
         return
+    carried = in_this_context(work)
     with ThreadPoolExecutor(max_workers=min(workers, len(entries))) as pool:
-        for future in [pool.submit(work, entry) for entry in entries]:
+        for future in [pool.submit(carried, entry) for entry in entries]:
             future.result()

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.db.migrate import upgrade
-from app.db.models import Action
+from app.db.models import Action, Sweep
 from app.db.session import make_engine
 from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
@@ -173,6 +173,19 @@ def test_sweep_writes_the_ledger_once(setup: Setup) -> None:
     assert again.returncode == 0, again.stderr
     assert "0 actions written to the ledger" in again.stdout
     assert len(setup.actions()) == 2
+
+
+def test_an_operator_s_sweep_records_the_operator(setup: Setup) -> None:
+    result = setup.ckpt("sweep", LOGNAME="alice", USER="alice")
+    assert result.returncode == 0, result.stderr
+    engine = make_engine(setup.url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(Sweep.actor)).scalars().all() == ["cli:alice"]
+            actors = conn.execute(select(Action.actor)).scalars().all()
+    finally:
+        engine.dispose()
+    assert actors == ["rule:default/rolling-keep-3"] * 2
 
 
 def test_worker_once_executes_what_is_due_and_exits(setup: Setup) -> None:

@@ -31,3 +31,12 @@ def test_registration_body_is_documented(client: TestClient) -> None:
     body = document["components"]["schemas"][ref.split("/")[-1]]
     assert {"step", "class", "uri", "files", "committed"} <= set(body["properties"])
     assert set(body["required"]) == {"step", "class", "uri"}
+
+
+def test_bearer_tokens_are_documented(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert document["security"] == [{"bearer": []}]
+    assert document["paths"]["/healthz"]["get"]["security"] == []
+    assert document["paths"]["/v1/tokens"]["post"]["x-required-scope"] == "admin"
+    assert document["paths"]["/v1/runs"]["get"]["x-required-scope"] == "read"

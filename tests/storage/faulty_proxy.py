@@ -1,36 +1,68 @@
-"""A reverse proxy in front of a test S3 server that fails chosen requests on demand.
+"""A reverse proxy in front of a test S3 or GCS server that fails requests on demand.
 
     with FaultyProxy(moto.url) as proxy:
         proxy.fail(2, "slowdown", method="PUT")   # the next two PUTs get 503 SlowDown
         storage = S3Storage(bucket, endpoint_url=proxy.url)
 
+    with FaultyProxy(gcs.url, dialect="gcs") as proxy:
+        proxy.randomly(0.2, seed=7)               # from now on 1 request in 5 fails
+
 Faults: "slowdown" (503 SlowDown), "internal" (500 InternalError), "throttle" (429),
-"reset" (the connection is reset instead of answered), "truncate" (the answer stops halfway
-through its body and the connection closes) and "delete-errors" (a DeleteObjects
-is forwarded, then answered 200 with its first key reported as not deleted, error code
-`code`, as S3 does when one key of a batch fails). Every request is recorded in `seen`.
+"reset" (the connection is reset instead of answered), "timeout" (no answer for `stall`
+seconds, then the connection closes: a client reading with a shorter timeout times out),
+"truncate" (the request is forwarded and its answer stops halfway through the body, then
+the connection closes) and "delete-errors" (S3 only: a DeleteObjects is forwarded, then
+answered 200 with its first key reported as not deleted, error code `code`, as S3 does
+when one key of a batch fails). Only "truncate" and "delete-errors" reach the server.
+
+The dialect shapes the errors as the provider would (S3's XML or GCS's JSON) and, for GCS,
+sends the upstream's own Host (S3 keeps the client's: it is signed) and never fails bucket
+metadata reads, which the GCS client library makes from a thread of its own.
+
+`fail` queues faults for the next matching requests; `randomly` fails any other request
+with a seeded probability. Every request is recorded in `seen`.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
+import random
 import re
 import socket
 import struct
 import threading
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit
 
-FaultKind = Literal["slowdown", "internal", "throttle", "reset", "truncate", "delete-errors"]
+FaultKind = Literal[
+    "slowdown", "internal", "throttle", "reset", "timeout", "truncate", "delete-errors"
+]
+Dialect = Literal["s3", "gcs"]
+# What a provider does to a client now and then; "delete-errors" is an S3 answer, not noise.
+RANDOM_KINDS: tuple[FaultKind, ...] = (
+    "slowdown",
+    "internal",
+    "throttle",
+    "reset",
+    "timeout",
+    "truncate",
+)
 
 _ERRORS: dict[str, tuple[int, str, str]] = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "internal": (500, "InternalError", "We encountered an internal error. Please try again."),
     "throttle": (429, "TooManyRequests", "Please slow down."),
 }
+_GCS_REASONS = {503: "backendError", 500: "internalError", 429: "rateLimitExceeded"}
+# Bucket metadata: the GCS client reads it from a background thread at times no test
+# can predict, so random faults leave it alone.
+_GCS_BUCKET_METADATA = re.compile(r"^/storage/v1/b/[^/?]+(\?|$)")
 # Not forwarded either way: they describe one hop, not the request.
 _HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te"}
@@ -59,14 +91,30 @@ class Seen:
     body: bytes  # POST bodies only (DeleteObjects, CompleteMultipartUpload)
 
 
+@dataclass
+class _RandomFaults:
+    rate: float
+    kinds: tuple[FaultKind, ...]
+    rng: random.Random
+
+    def draw(self) -> FaultKind | None:
+        if self.rng.random() >= self.rate:
+            return None
+        return self.rng.choice(self.kinds)
+
+
 class FaultyProxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, dialect: Dialect = "s3", stall: float = 2.0) -> None:
         parts = urlsplit(upstream)
         if parts.hostname is None or parts.port is None:
             raise ValueError(f"{upstream!r} needs a host and a port")
         self.upstream = (parts.hostname, parts.port)
+        self.dialect: Dialect = dialect
+        self.stall = stall  # how long a "timeout" fault holds a request before hanging up
         self._faults: list[Fault] = []
+        self._random: _RandomFaults | None = None
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self.seen: list[Seen] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
@@ -83,6 +131,7 @@ class FaultyProxy:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # "timeout" faults stop holding their requests
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -111,10 +160,33 @@ class FaultyProxy:
         with self._lock:
             self._faults.append(Fault(kind, count, method, query, code))
 
+    def randomly(
+        self, rate: float, *, seed: int, kinds: Sequence[FaultKind] = RANDOM_KINDS
+    ) -> None:
+        """From now on fail each request that no queued fault matches with probability
+        `rate`, by a kind drawn from `kinds`; the same seed draws the same sequence."""
+        if not 0 <= rate <= 1 or not kinds:
+            raise ValueError("rate must be in [0, 1] and kinds not empty")
+        if "delete-errors" in kinds and self.dialect != "s3":
+            raise ValueError("delete-errors is an S3 answer")
+        with self._lock:
+            self._random = _RandomFaults(rate, tuple(kinds), random.Random(seed))
+
+    def calm(self) -> None:
+        """No more random faults (queued ones still apply)."""
+        with self._lock:
+            self._random = None
+
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._random = None
             self.seen.clear()
+
+    def injected(self) -> Counter[str]:
+        """Faults answered so far, by kind."""
+        with self._lock:
+            return Counter(seen.fault for seen in self.seen if seen.fault is not None)
 
     @property
     def requests(self) -> int:
@@ -138,10 +210,16 @@ class FaultyProxy:
                 fault.remaining -= 1
                 if fault.remaining <= 0:
                     self._faults.remove(fault)
+            elif self._random is not None and not self._spared(method, path):
+                kind = self._random.draw()
+                fault = Fault(kind, 1, None, None, "InternalError") if kind else None
             self.seen.append(
                 Seen(method, path, fault.kind if fault else None, body if method == "POST" else b"")
             )
             return fault
+
+    def _spared(self, method: str, path: str) -> bool:
+        return self.dialect == "gcs" and method == "GET" and bool(_GCS_BUCKET_METADATA.match(path))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,19 +248,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._forward(body)
         elif fault.kind == "reset":
             self._reset()
+        elif fault.kind == "timeout":
+            self.proxy._stopping.wait(self.proxy.stall)
+            self.close_connection = True  # hang up without a word
         elif fault.kind == "truncate":
             self._forward(body, truncate=True)
         elif fault.kind == "delete-errors":
             self._forward(body, answer=False)
             self._delete_errors(body, fault.code)
         else:
-            status, code, message = _ERRORS[fault.kind]
-            xml = (
-                '<?xml version="1.0" encoding="UTF-8"?>'
-                f"<Error><Code>{code}</Code><Message>{message}</Message>"
-                "<RequestId>faulty-proxy</RequestId></Error>"
-            )
-            self._answer(status, xml.encode(), content_type="application/xml")
+            self._error(*_ERRORS[fault.kind])
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        if self.proxy.dialect == "gcs":
+            reason = _GCS_REASONS.get(status, "backendError")
+            error = {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"domain": "global", "reason": reason, "message": message}],
+                }
+            }
+            self._answer(status, json.dumps(error).encode(), content_type="application/json")
+            return
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            "<RequestId>faulty-proxy</RequestId></Error>"
+        )
+        self._answer(status, xml.encode(), content_type="application/xml")
 
     def _answer(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
         self.send_response(status)
@@ -213,10 +307,14 @@ class _Handler(BaseHTTPRequestHandler):
         host, port = self.proxy.upstream
         upstream = http.client.HTTPConnection(host, port, timeout=60)
         try:
-            # The Host header is passed on unchanged: it is part of the request's signature.
-            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            # S3: the Host header is passed on unchanged, it is part of the request's
+            # signature. GCS: the upstream's own, as the emulator expects.
+            keep_host = self.proxy.dialect == "s3"
+            upstream.putrequest(
+                self.command, self.path, skip_host=keep_host, skip_accept_encoding=True
+            )
             for name, value in self.headers.items():
-                if name.lower() not in _HOP_HEADERS:
+                if name.lower() not in _HOP_HEADERS and (keep_host or name.lower() != "host"):
                     upstream.putheader(name, value)
             upstream.endheaders(body or None)
             response = upstream.getresponse()

@@ -199,3 +199,14 @@ def test_settings_error_is_not_a_pydantic_error(monkeypatch: pytest.MonkeyPatch)
         load_settings()
     assert caught.value.__cause__ is None
     assert "pydantic" not in str(caught.value)
+
+
+@pytest.mark.parametrize("token", ["short-secret", "a secret with spaces in it"])
+def test_weak_bootstrap_token_is_refused_without_repeating_it(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    monkeypatch.setenv("CKPT_BOOTSTRAP_TOKEN", token)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "CKPT_BOOTSTRAP_TOKEN" in str(caught.value)
+    assert token not in str(caught.value)

@@ -428,3 +428,25 @@ def test_two_tiers_on_one_url_are_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(TiersFileError, match="share url"):
         parse_tiers_file(path)
+
+
+@pytest.mark.parametrize(
+    ("tier", "field"),
+    [
+        (
+            "{name: hot, url: 's3://b/p', endpoint_url: 'http://AKIDEXAMPLE:wJalrXUtnFEMI@m:9000'}",
+            "endpoint_url",
+        ),
+        ("{name: hot, url: 's3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/p'}", "url"),
+        ("{name: hot, url: 'gs://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/p'}", "url"),
+    ],
+)
+def test_credentials_in_a_tier_url_are_refused_without_repeating_them(
+    root: Path, tier: str, field: str
+) -> None:
+    path = write_tiers(root, f"tiers:\n  - {tier}\n")
+    with pytest.raises(TiersFileError) as caught:
+        load_tiers(Settings(tiers_file=path))
+    message = str(caught.value)
+    assert f"tiers[0].{field}" in message and "credentials" in message
+    assert "wJalrXUtnFEMI" not in message and "AKIDEXAMPLE" not in message

@@ -1,0 +1,103 @@
+"""`GET /metrics`: Prometheus text format.
+
+Two sources in one answer:
+- this process's own counters and histograms (app/metrics.py), with prometheus_client's
+  process and Python collectors: per process, so a separate `ckpt worker` or `ckpt
+  scheduler` keeps its own and this endpoint shows only what this API process did;
+- at each scrape, read from the database that every replica shares, so the same from
+  any replica: the ledger's actions by kind and state, and each tier's bytes and
+  checkpoints (what GET /v1/tiers reports, every project included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Action
+from app.db.session import session_scope
+from app.domain.tier import Tier
+from app.services.tiers import tier_usage
+
+router = APIRouter(tags=["metrics"])
+
+ACTION_KINDS = ("delete", "purge", "move", "copy", "restore")
+ACTION_STATES = ("held", "pending", "running", "done", "failed", "cancelled")
+
+
+class CatalogCollector:
+    """The ledger and the tiers' usage, queried when scraped (two grouped queries)."""
+
+    def __init__(self, factory: sessionmaker[Session], tiers: list[Tier]) -> None:
+        self.factory = factory
+        self.tiers = tiers
+
+    def collect(self) -> Iterator[Metric]:
+        with session_scope(self.factory) as session:
+            counts = {
+                (kind, state): int(count)
+                for kind, state, count in session.execute(
+                    select(Action.kind, Action.state, func.count()).group_by(
+                        Action.kind, Action.state
+                    )
+                )
+            }
+            usage = tier_usage(session)
+        actions = GaugeMetricFamily(
+            "ckpt_actions",
+            "Actions in the ledger by kind and state, now.",
+            labels=["kind", "state"],
+        )
+        # Every known combination, zeros included, so a series never vanishes when it empties.
+        for key in {(k, s) for k in ACTION_KINDS for s in ACTION_STATES} | set(counts):
+            actions.add_metric(list(key), counts.get(key, 0))
+        yield actions
+        size = GaugeMetricFamily(
+            "ckpt_tier_bytes",
+            "Bytes of the active and trashed checkpoints with a location on each tier.",
+            labels=["tier"],
+        )
+        checkpoints = GaugeMetricFamily(
+            "ckpt_tier_checkpoints",
+            "Active and trashed checkpoints with a location on each tier.",
+            labels=["tier"],
+        )
+        for name in [t.name for t in self.tiers] + sorted(
+            set(usage) - {t.name for t in self.tiers}
+        ):
+            held_bytes, held = usage.get(name, (0, 0))
+            size.add_metric([name], held_bytes)
+            checkpoints.add_metric([name], held)
+        yield size
+        yield checkpoints
+
+
+class _Scrape:
+    """One scrape: the process's registry, then the catalog."""
+
+    def __init__(self, *collectors: Collector) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self.collectors:
+            yield from collector.collect()
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_PLAIN_0_0_4: {"schema": {"type": "string"}}}}},
+)
+def metrics(request: Request) -> Response:
+    """Prometheus metrics: this process's counters, the ledger and the tiers' usage. The
+    Prometheus text format, or OpenMetrics when the scraper's Accept header asks for it."""
+    catalog = CatalogCollector(request.app.state.session_factory, request.app.state.tiers)
+    encode, content_type = choose_encoder(request.headers.get("accept", ""))
+    return Response(content=encode(_Scrape(REGISTRY, catalog)), media_type=content_type)

@@ -1,0 +1,357 @@
+"""`ckpt report`, `ckpt forecast`, `ckpt planner`: what checkpoints cost now, what a run
+will cost under a policy (with a chart), and how big and how often to checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.api.cost_schemas import (
+    ForecastRead,
+    ForecastRequest,
+    PlannerRead,
+    PlannerRequest,
+    forecast_read,
+    planner_read,
+    report_read,
+)
+from app.cost.chart import render_forecast
+from app.cost.forecast import forecast as run_forecast
+from app.cost.inputs import resolve_policy, tier_prices
+from app.cost.planner import size
+from app.cost.report import GROUPS, cost_report
+from app.db import migrate as migrations
+from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.errors import AppError
+from app.domain.tier import Tier
+from app.logging import configure_logging
+from app.main import load_policies_into
+from app.services.policies import parse_yaml
+from app.settings import Settings
+from app.tiers import load_tiers
+
+console = Console()
+DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
+TB = 10**12
+
+
+@dataclass(frozen=True)
+class Catalog:
+    settings: Settings
+    factory: sessionmaker[Session]
+    tiers: list[Tier]
+
+
+def human_bytes(size_bytes: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size_bytes) < 1000 or unit == "TB":
+            return f"{size_bytes:.0f} {unit}" if unit == "B" else f"{size_bytes:.1f} {unit}"
+        size_bytes /= 1000
+    return f"{size_bytes:.1f} PB"  # pragma: no cover
+
+
+def usd(amount: float) -> str:
+    return f"${amount:,.2f}"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"ckpt: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _validation(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}"
+        for item in error.errors()
+    )
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    """`NAME=VALUE` options as a dict, in the order given."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name or not rest:
+            raise _fail(f"{option}: expected NAME=VALUE, got {value!r}")
+        out[name.strip()] = rest.strip()
+    return out
+
+
+def _prices(values: list[str], tiers: list[Tier]) -> dict[str, dict[str, Any]]:
+    """`--price TIER=USD` (storage per GB-month; `*` for every tier) or TIER=provider/CLASS."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in _pairs(values, "--price").items():
+        try:
+            override: dict[str, Any] = {"storage_gb_month": float(value)}
+        except ValueError:
+            override = {"catalog": value}
+        for tier in [t.name for t in tiers] if name == "*" else [name]:
+            out.setdefault(tier, {}).update(override)
+    return out
+
+
+def render_report(body: dict[str, Any]) -> None:
+    table = Table(title=f"cost by {body['group_by']}")
+    for column in ("key", "bytes", "checkpoints", "trashed", "$/month"):
+        table.add_column(column, justify="left" if column == "key" else "right")
+    for row in body["rows"]:
+        table.add_row(
+            row["name"] or row["key"],
+            human_bytes(row["bytes"]),
+            str(row["checkpoints"]),
+            human_bytes(row["trashed_bytes"]),
+            usd(row["usd_month"]),
+        )
+    console.print(table)
+    typer.echo(f"total: {human_bytes(body['total_bytes'])}, {usd(body['total_usd_month'])}/month")
+
+
+def render_forecast_table(result: ForecastRead, every: int) -> None:
+    keep = result.keep_everything
+    tiers = [
+        t
+        for t in result.at_run_end.bytes_by_tier
+        if any(d.bytes_by_tier.get(t) for d in result.series)
+    ] or list(result.at_run_end.bytes_by_tier)[:1]
+    table = Table(title=f"forecast: policy {result.policy}, {result.concurrent_runs} run(s)")
+    for column in ("day", *tiers, "total", "$/month", "keep everything", "$/month (keep)"):
+        table.add_column(column, justify="right")
+    for policy_day, keep_day in zip(result.series, keep.series, strict=True):
+        last = policy_day.day == result.horizon_days
+        if policy_day.day % every and policy_day.day != result.run_days and not last:
+            continue
+        table.add_row(
+            str(policy_day.day),
+            *[human_bytes(policy_day.bytes_by_tier.get(t, 0)) for t in tiers],
+            human_bytes(policy_day.bytes),
+            usd(policy_day.usd_month),
+            human_bytes(keep_day.bytes),
+            usd(keep_day.usd_month),
+        )
+    console.print(table)
+    end, keep_end = result.at_run_end, keep.at_run_end
+    typer.echo(
+        f"at run end: {human_bytes(end.bytes)}, {usd(end.usd_month)}/month "
+        f"(keeping everything: {human_bytes(keep_end.bytes)}, {usd(keep_end.usd_month)}/month)"
+    )
+    typer.echo(
+        f"over {result.horizon_days} days: {usd(result.total_usd)} "
+        f"(fees {usd(result.fees_usd)}); keeping everything: {usd(keep.total_usd)}; "
+        f"savings {usd(result.savings_usd)}"
+    )
+    if result.skipped_demotions:
+        typer.echo(
+            f"{result.skipped_demotions} demotion(s) per run skipped: early deletion would "
+            "cost more than they save"
+        )
+
+
+def render_sizing(result: PlannerRead) -> None:
+    if result.checkpoint_bytes is not None:
+        per = result.bytes_per_parameter
+        typer.echo(
+            f"checkpoint size: {human_bytes(result.checkpoint_bytes)}"
+            + (f" ({per:g} bytes per parameter)" if per is not None else "")
+        )
+    if result.write_bandwidth_bytes_per_s is not None:
+        typer.echo(f"write bandwidth: {human_bytes(result.write_bandwidth_bytes_per_s)}/s")
+    if result.young_daly_interval_s is not None:
+        seconds = result.young_daly_interval_s
+        typer.echo(f"Young/Daly interval: {seconds:,.0f} s ({seconds / 3600:.2f} h)")
+    if result.sync_stall_gpu_hours is not None:
+        typer.echo(f"synchronous stall: {result.sync_stall_gpu_hours:,.1f} GPU-hours")
+    if result.sync_stall_usd is not None:
+        typer.echo(f"synchronous stall cost: {usd(result.sync_stall_usd)}")
+    for output, needs in result.incomplete.items():
+        typer.echo(f"{output}: also needs {', '.join(needs)}")
+
+
+def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+    """Add the cost commands to `cli`; `load` validates settings or exits."""
+
+    def open_catalog() -> Catalog:
+        settings = load()
+        configure_logging("WARNING")
+        migrations.upgrade(settings.database_url)
+        tiers = load_tiers(settings)
+        factory = make_session_factory(make_engine(settings.database_url))
+        load_policies_into(factory, settings, tiers)
+        return Catalog(settings, factory, tiers)
+
+    @cli.command()
+    def report(
+        group_by: Annotated[
+            str, typer.Option("--group-by", help=f"one of {', '.join(GROUPS)}")
+        ] = "tier",
+        project: Annotated[str | None, typer.Option(help="only this project")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """What the catalog stores and costs a month, trashed checkpoints included."""
+        if group_by not in GROUPS:
+            raise _fail(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
+        catalog = open_catalog()
+        with session_scope(catalog.factory) as session:
+            body = report_read(
+                cost_report(session, tiers=catalog.tiers, group_by=group_by, project=project)
+            ).model_dump(mode="json")
+        if as_json:
+            typer.echo(json.dumps(body, indent=2))
+            return
+        render_report(body)
+
+    @cli.command()
+    def forecast(
+        run_days: Annotated[int, typer.Option(help="length of the run in days")],
+        checkpoint_bytes: Annotated[
+            float | None, typer.Option(help="bytes per checkpoint, e.g. 1e12")
+        ] = None,
+        parameters: Annotated[
+            float | None, typer.Option(help="model parameters, e.g. 70e9")
+        ] = None,
+        bytes_per_parameter: Annotated[
+            float | None, typer.Option(help="with --parameters; default 14")
+        ] = None,
+        schedule: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="CLASS=INTERVAL or CLASS=end, repeated (default: the worked example)"
+            ),
+        ] = None,
+        policy: Annotated[
+            str, typer.Option(help="a stored policy's name, or a policy YAML file")
+        ] = "default",
+        concurrent_runs: Annotated[int, typer.Option(help="runs started together")] = 1,
+        horizon_days: Annotated[int | None, typer.Option(help="default: run + 30")] = None,
+        price: Annotated[
+            list[str] | None,
+            typer.Option(help="TIER=USD per GB-month, or TIER=provider/CLASS; TIER * for all"),
+        ] = None,
+        metrics: Annotated[str, typer.Option(help="improving or missing")] = "improving",
+        chart: Annotated[Path, typer.Option(help="PNG to write")] = Path("forecast.png"),
+        no_chart: Annotated[bool, typer.Option("--no-chart", help="write no PNG")] = False,
+        every: Annotated[int, typer.Option(min=1, help="print every Nth day")] = 5,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """What a run (or N runs) will store and cost under a policy, beside keeping
+        everything; prints a table and writes a chart."""
+        policy_file = Path(policy)
+        needs_catalog = not policy_file.is_file()
+        catalog = open_catalog() if needs_catalog else None
+        tiers = catalog.tiers if catalog else load_tiers(load())
+        document: str | dict[str, Any] = policy
+        if not needs_catalog:
+            parsed = parse_yaml(policy_file.read_text(), field=str(policy_file))
+            if not isinstance(parsed, dict):
+                raise _fail(f"{policy_file}: a policy must be a mapping with name and rules")
+            document = parsed
+        body: dict[str, Any] = {
+            "checkpoint_bytes": checkpoint_bytes,
+            "parameters": parameters,
+            "bytes_per_parameter": bytes_per_parameter,
+            "run_days": run_days,
+            "schedule": _pairs(list(schedule or DEFAULT_SCHEDULE), "--schedule"),
+            "policy": document,
+            "concurrent_runs": concurrent_runs,
+            "horizon_days": horizon_days,
+            "metrics": metrics,
+            "prices": _prices(list(price or []), tiers) or None,
+        }
+        try:
+            request = ForecastRequest.model_validate(
+                {k: v for k, v in body.items() if v is not None}
+            )
+            spec = request.to_spec()
+            if catalog is not None:
+                with session_scope(catalog.factory) as session:
+                    chosen = resolve_policy(session, tiers, request.policy)
+            else:
+                chosen = resolve_policy(None, tiers, request.policy)
+            prices = tier_prices(tiers, request.price_overrides())
+            result = run_forecast(spec, chosen, tiers, prices)
+        except ValidationError as error:
+            raise _fail(_validation(error)) from None
+        except AppError as error:
+            raise _fail(
+                f"{error.field}: {error.message}" if error.field else error.message
+            ) from None
+        read = forecast_read(result, prices)
+        if as_json:
+            typer.echo(json.dumps(read.model_dump(mode="json"), indent=2))
+        else:
+            render_forecast_table(read, every)
+        if not no_chart:
+            written = render_forecast(result, chart)
+            typer.echo(f"chart: {written}", err=as_json)
+
+    @cli.command()
+    def planner(
+        parameters: Annotated[
+            float | None, typer.Option(help="model parameters, e.g. 70e9")
+        ] = None,
+        bytes_per_parameter: Annotated[float | None, typer.Option(help="default 14")] = None,
+        recipe: Annotated[
+            str | None,
+            typer.Option(
+                help="fp32-master-adam (12), bf16-fp32-master-adam (14), zero-mixed-adam (16)"
+            ),
+        ] = None,
+        checkpoint_bytes: Annotated[
+            float | None, typer.Option(help="instead of parameters")
+        ] = None,
+        interval: Annotated[
+            str | None, typer.Option(help="time between checkpoints, e.g. 1h")
+        ] = None,
+        allowed_overlap: Annotated[
+            float | None, typer.Option(help="fraction of training time spent writing, e.g. 0.1")
+        ] = None,
+        write_seconds: Annotated[
+            float | None, typer.Option(help="seconds one checkpoint takes to write")
+        ] = None,
+        mtbf: Annotated[
+            str | None, typer.Option(help="mean time between failures, e.g. 24h")
+        ] = None,
+        checkpoints: Annotated[
+            int | None, typer.Option(help="synchronous saves in the run")
+        ] = None,
+        gpus: Annotated[int | None, typer.Option(help="GPUs that wait for each save")] = None,
+        usd_per_gpu_hour: Annotated[float | None, typer.Option(help="price of a GPU-hour")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """Checkpoint size, write bandwidth, Young/Daly interval and synchronous stall cost."""
+        body = {
+            "parameters": parameters,
+            "bytes_per_parameter": bytes_per_parameter,
+            "recipe": recipe,
+            "checkpoint_bytes": checkpoint_bytes,
+            "interval": interval,
+            "allowed_overlap": allowed_overlap,
+            "checkpoint_write_seconds": write_seconds,
+            "mtbf": mtbf,
+            "checkpoints": checkpoints,
+            "gpus": gpus,
+            "usd_per_gpu_hour": usd_per_gpu_hour,
+        }
+        try:
+            request = PlannerRequest.model_validate(
+                {k: v for k, v in body.items() if v is not None}
+            )
+            result = planner_read(size(request.to_inputs()))
+        except ValidationError as error:
+            raise _fail(_validation(error)) from None
+        except AppError as error:
+            raise _fail(
+                f"{error.field}: {error.message}" if error.field else error.message
+            ) from None
+        if as_json:
+            typer.echo(json.dumps(result.model_dump(exclude_none=True), indent=2))
+            return
+        render_sizing(result)

@@ -1,0 +1,146 @@
+"""`ckpt token create|list|revoke`: API tokens for operators with database access, e.g. the
+first admin token of a deployment without CKPT_BOOTSTRAP_TOKEN."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.cli_lifecycle import operator
+from app.db import migrate as migrations
+from app.db.models import Token
+from app.db.session import make_engine, make_session_factory, session_scope
+from app.domain.errors import AppError
+from app.logging import configure_logging
+from app.services import tokens
+from app.settings import Settings
+
+console = Console()
+err_console = Console(stderr=True)
+token_cli = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
+
+
+class ScopeChoice(StrEnum):
+    read = "read"
+    register = "register"
+    admin = "admin"
+
+
+def _row(token: Token) -> dict[str, Any]:
+    return {
+        "id": token.id,
+        "name": token.name,
+        "scopes": token.scopes,
+        "projects": token.projects,
+        "created_at": token.created_at.isoformat(),
+        "created_by": token.created_by,
+        "revoked_at": token.revoked_at.isoformat() if token.revoked_at else None,
+        "revoked_by": token.revoked_by,
+    }
+
+
+def _fail(error: AppError, code: int = 2) -> typer.Exit:
+    typer.echo(f"ckpt: {error.field}: {error.message}" if error.field else error.message, err=True)
+    return typer.Exit(code)
+
+
+def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+    """Add `ckpt token ...` to `cli`; `load` validates settings or exits."""
+
+    def factory() -> sessionmaker[Session]:
+        settings = load()
+        configure_logging("WARNING")
+        migrations.upgrade(settings.database_url)
+        return make_session_factory(make_engine(settings.database_url, pool_size=1))
+
+    @token_cli.command("create")
+    def create(
+        name: Annotated[str, typer.Argument(help="what the token is for, e.g. trainer-llama")],
+        scope: Annotated[
+            list[ScopeChoice], typer.Option("--scope", help="read, register or admin; repeat")
+        ],
+        project: Annotated[
+            list[str] | None,
+            typer.Option("--project", help="a project it may touch ('*': all); repeat"),
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """Create a token. Its secret is printed on stdout this once and never again."""
+        with session_scope(factory()) as session:
+            try:
+                token, secret = tokens.create_token(
+                    session,
+                    name=name,
+                    scopes=[s.value for s in scope],
+                    projects=project or None,
+                    actor=operator(),
+                    now=datetime.now(UTC),
+                )
+            except AppError as error:
+                raise _fail(error) from None
+            row = _row(token)
+        if as_json:
+            typer.echo(json.dumps({**row, "token": secret}, indent=2))
+            return
+        err_console.print(
+            f"created token {row['id']} ({name}): scopes {', '.join(row['scopes'])}; "
+            f"projects {', '.join(row['projects'])}. Store the secret below now: "
+            "it is not shown again."
+        )
+        typer.echo(secret)
+
+    @token_cli.command("list")
+    def list_(
+        include_revoked: Annotated[bool, typer.Option("--all", help="revoked ones too")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    ) -> None:
+        """List tokens (never their secrets), newest first."""
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        with session_scope(factory()) as session:
+            while True:
+                page, cursor = tokens.list_tokens(
+                    session, include_revoked=include_revoked, limit=1000, cursor=cursor
+                )
+                rows.extend(_row(t) for t in page)
+                if cursor is None:
+                    break
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        table = Table(title=f"{len(rows)} tokens")
+        for column in ("id", "name", "scopes", "projects", "created", "by", "revoked"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(
+                r["id"],
+                r["name"],
+                ",".join(r["scopes"]),
+                ",".join(r["projects"]),
+                r["created_at"],
+                r["created_by"],
+                r["revoked_at"] or "",
+            )
+        console.print(table)
+
+    @token_cli.command("revoke")
+    def revoke(token_id: Annotated[str, typer.Argument(help="the token's id (tok_...)")]) -> None:
+        """Revoke a token: the next request made with it is refused."""
+        with session_scope(factory()) as session:
+            try:
+                tokens.revoke_token(
+                    session, token_id=token_id, actor=operator(), now=datetime.now(UTC)
+                )
+            except AppError as error:
+                raise _fail(error, 1) from None
+        typer.echo(f"token {token_id} revoked")
+
+    cli.add_typer(token_cli, name="token")

@@ -1,0 +1,1 @@
+"""Cost: tier prices, cost reports, forecasts, sizing, and early-deletion awareness."""

@@ -1,0 +1,67 @@
+"""A forecast as a picture: bytes per tier over time under the policy (stacked), the bytes
+of keeping everything, and both monthly costs on a second axis. PNG, no display needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.cost.forecast import Forecast
+
+TB = 10**12
+
+
+def render_forecast(forecast: Forecast, path: Path) -> Path:
+    """Write the chart of `forecast` to `path` (PNG) and return the path."""
+    # Imported here: plotting is the slow import of the package and only this needs it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    policy, keep = forecast.with_policy, forecast.keep_everything
+    days = [point.day for point in policy.series]
+    tiers = list(policy.series[0].usage.bytes_by_tier) if policy.series else []
+    stacks = [[p.usage.bytes_by_tier.get(t, 0) / TB for p in policy.series] for t in tiers]
+    figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    shown = [(t, s) for t, s in zip(tiers, stacks, strict=True) if any(s)]
+    if shown:
+        axes.stackplot(days, *[s for _t, s in shown], labels=[f"on {t}" for t, _s in shown])
+    axes.plot(
+        days,
+        [p.usage.bytes / TB for p in keep.series],
+        color="black",
+        linewidth=1.5,
+        label=f"keep everything (on {tiers[0] if tiers else 'the hottest tier'})",
+    )
+    axes.set_xlabel("day")
+    axes.set_ylabel("stored (TB)")
+    axes.set_xlim(left=min(days, default=0), right=max(days, default=1))
+    axes.set_ylim(bottom=0)
+    run_end = forecast.spec.run_days
+    axes.axvline(run_end, color="grey", linestyle=":", linewidth=1)
+    axes.annotate("run ends", (run_end, 0), xytext=(3, 3), textcoords="offset points")
+    cost = axes.twinx()
+    cost.plot(
+        days, [p.usage.usd_month for p in policy.series], color="tab:red", label="$/month, policy"
+    )
+    cost.plot(
+        days,
+        [p.usage.usd_month for p in keep.series],
+        color="tab:red",
+        linestyle="--",
+        label="$/month, keep everything",
+    )
+    cost.set_ylabel("cost (USD per month)")
+    cost.set_ylim(bottom=0)
+    handles, labels = axes.get_legend_handles_labels()
+    more, more_labels = cost.get_legend_handles_labels()
+    axes.legend(handles + more, labels + more_labels, loc="upper left", fontsize="small")
+    runs = forecast.spec.concurrent_runs
+    axes.set_title(
+        f"{forecast.policy}: {runs} run{'s' if runs != 1 else ''} of "
+        f"{forecast.spec.run_days} days, {forecast.spec.checkpoint_bytes / TB:g} TB checkpoints; "
+        f"saves ${forecast.savings_usd:,.0f} over {forecast.spec.horizon} days"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path

@@ -1,0 +1,73 @@
+"""What the cost endpoints and commands read before they compute: the policy a forecast
+replays (a stored one by name, or a document inline) and tier prices with what-if
+overrides. Raises Invalid naming the field at fault."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.cost.prices import (
+    FIGURES,
+    PriceQuote,
+    catalog,
+    catalog_quote,
+    effective_price,
+    with_figures,
+)
+from app.domain.errors import Invalid, NotFound
+from app.domain.tier import Tier
+from app.policy.schema import Policy
+from app.services.policies import get_policy_row, validate_policy
+
+DEFAULT_POLICY = "default"
+
+
+def resolve_policy(
+    session: Session | None, tiers: Sequence[Tier], policy: str | Mapping[str, Any] | None
+) -> Policy:
+    """A stored policy by name (the one named `default` when None), or an inline policy
+    document validated against the tiers. Without a session only inline documents work."""
+    names = [t.name for t in tiers]
+    if policy is None:
+        policy = DEFAULT_POLICY
+    if isinstance(policy, str):
+        if session is None:
+            raise Invalid(f"no policy is named {policy!r}", field="policy")
+        try:
+            row = get_policy_row(session, policy)
+        except NotFound:
+            raise Invalid(f"no policy is named {policy!r}", field="policy") from None
+        return validate_policy(row.document, names)
+    try:
+        return validate_policy(dict(policy), names)
+    except Invalid as error:
+        raise Invalid(error.message, field=f"policy.{error.field}") from None
+
+
+def tier_prices(
+    tiers: Sequence[Tier], overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, PriceQuote]:
+    """Each tier's effective price, with what-if overrides per tier: `catalog` (the tier
+    priced as that entry instead) and any price figure over it."""
+    prices = {t.name: effective_price(t) for t in tiers}
+    for name, override in (overrides or {}).items():
+        if name not in prices:
+            raise Invalid(
+                f"unknown tier {name!r}; configured tiers: {', '.join(prices)}",
+                field=f"prices.{name}",
+            )
+        quote = prices[name]
+        key = override.get("catalog")
+        if key is not None:
+            if key not in catalog():
+                raise Invalid(
+                    f"no catalog entry {key!r}; known: {', '.join(sorted(catalog()))}",
+                    field=f"prices.{name}.catalog",
+                )
+            quote = catalog_quote(key)
+        figures = {k: v for k, v in override.items() if k in FIGURES and v is not None}
+        prices[name] = with_figures(quote, figures)
+    return prices
