@@ -106,6 +106,7 @@ def _runtime(ctx: Context, *, worker: bool, scheduler: bool, evaluator: bool) ->
         ctx.tiers,
         sweep_interval=ctx.settings.sweep_interval,
         trash_retention=ctx.settings.trash_retention,
+        reconcile_interval=ctx.settings.reconcile_interval,
         worker=worker,
         scheduler=scheduler,
         evaluator=evaluator,

@@ -15,7 +15,17 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api import checkpoints, errors, lifecycle, metrics, policies, runs, tiers, tokens
+from app.api import (
+    checkpoints,
+    errors,
+    lifecycle,
+    metrics,
+    policies,
+    reconcile,
+    runs,
+    tiers,
+    tokens,
+)
 from app.api.auth import authorize, document_security, route_templates
 from app.api.schemas import CheckpointCreate
 from app.db.session import make_engine, make_session_factory, session_scope
@@ -101,6 +111,7 @@ def create_app(
         tier_list,
         sweep_interval=settings.sweep_interval,
         trash_retention=settings.trash_retention,
+        reconcile_interval=settings.reconcile_interval,
         worker=roles.worker,
         scheduler=roles.scheduler,
         evaluator=roles.evaluator,
@@ -135,7 +146,7 @@ def create_app(
     app.state.session_factory = factory
     app.state.runtime = runtime
     errors.install(app)
-    for module in (runs, checkpoints, lifecycle, policies, tiers, tokens, metrics):
+    for module in (runs, checkpoints, lifecycle, policies, tiers, tokens, metrics, reconcile):
         app.include_router(module.router)
     app.state.route_templates = route_templates(app.routes)
     _document_raw_bodies(app)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import ParamSpec, TypeVar
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,6 +60,16 @@ CLAIM_LAG = Histogram(
     "How long after it became due a worker claimed an action.",
     ["kind"],
     buckets=(0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600),
+)
+RECONCILE_FINDINGS = Gauge(
+    "ckpt_reconcile_findings",
+    "What this process's last reconciliation found: `orphans` (objects no checkpoint "
+    "owns), `drift` (checkpoints missing or changed files), `objects` (scanned).",
+    ["finding"],
+)
+RECONCILE_LAST = Gauge(
+    "ckpt_reconcile_last_run_timestamp_seconds",
+    "When this process last finished a reconciliation (Unix time).",
 )
 
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
@@ -117,3 +127,10 @@ def timed_sweep(run: Callable[P, R]) -> Callable[P, R]:
             SWEEP_DURATION.labels(trigger=trigger).observe(time.perf_counter() - started)
 
     return timed
+
+
+def reconciled(orphans: int, drifting: int, objects: int) -> None:
+    RECONCILE_FINDINGS.labels(finding="orphans").set(orphans)
+    RECONCILE_FINDINGS.labels(finding="drift").set(drifting)
+    RECONCILE_FINDINGS.labels(finding="objects").set(objects)
+    RECONCILE_LAST.set_to_current_time()

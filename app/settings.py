@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     policies_dir: Path = Path("./policies")
     sweep_interval: Duration = timedelta(minutes=5)
     trash_retention: Duration = timedelta(days=7)
+    reconcile_interval: Duration = timedelta(hours=24)  # 0s: only on demand
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"
@@ -68,6 +69,8 @@ class Settings(BaseSettings):
                 )
         if self.sweep_interval <= timedelta(0):
             raise ValueError("CKPT_SWEEP_INTERVAL must be longer than 0s")
+        if self.reconcile_interval < timedelta(0):
+            raise ValueError("CKPT_RECONCILE_INTERVAL must be 0s (off) or longer")
         if not 0 < self.port < 65536:
             raise ValueError(f"CKPT_PORT must be between 1 and 65535 (got {self.port})")
         return self

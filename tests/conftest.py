@@ -26,6 +26,7 @@ from app.logging import JsonFormatter
 from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 from tests.builders import SECRETS, issue_token, token_client
+from tests.figures import print_figures
 
 PG_HOST = os.environ.get("CKPT_TEST_PG_HOST", "127.0.0.1")
 PG_ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
@@ -193,3 +194,7 @@ def no_secret_in_any_log() -> Iterator[_LogSink]:
         if secret and secret in line
     ]
     assert not leaked, f"token secrets in {len(leaked)} log lines, e.g. {leaked[0][:300]}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    print_figures(terminalreporter)

@@ -92,6 +92,7 @@ RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
         ("POST", "/v1/forecast"): READ,
         ("POST", "/v1/planner"): READ,
         ("GET", "/v1/reconcile"): ADMIN,
+        ("POST", "/v1/reconcile/orphans/delete"): ADMIN,
         ("GET", "/v1/audit"): ADMIN,
         # operations: Prometheus scrapes with a `read` token for every project
         ("GET", "/metrics"): Rule("read", ProjectFrom.ALL),

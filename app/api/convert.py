@@ -53,4 +53,6 @@ def checkpoint_read(checkpoint: Checkpoint) -> CheckpointRead:
         locations=locations,
         created_by=checkpoint.created_by,
         updated_by=checkpoint.updated_by,
+        health=checkpoint.health or "ok",
+        health_detail=checkpoint.health_detail,
     )

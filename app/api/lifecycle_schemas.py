@@ -91,6 +91,7 @@ class ActionRead(BaseModel):
     state: ActionState
     step: str | None
     attempts: int
+    retries: int = Field(description="storage requests retried (throttling, 5xx, timeouts)")
     error: str | None
     bytes: int
     sweep_id: str | None

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Action
+from app.db.models import Action, Checkpoint
 from app.db.session import session_scope
 from app.domain.tier import Tier
 from app.services.tiers import tier_usage
@@ -50,6 +50,9 @@ class CatalogCollector:
                 )
             }
             usage = tier_usage(session)
+            drifting = session.scalar(
+                select(func.count()).select_from(Checkpoint).where(Checkpoint.health == "drift")
+            )
         actions = GaugeMetricFamily(
             "ckpt_actions",
             "Actions in the ledger by kind and state, now.",
@@ -77,6 +80,11 @@ class CatalogCollector:
             checkpoints.add_metric([name], held)
         yield size
         yield checkpoints
+        yield GaugeMetricFamily(
+            "ckpt_checkpoints_drifting",
+            "Checkpoints whose files the last reconciliation found missing or changed.",
+            value=int(drifting or 0),
+        )
 
 
 class _Scrape:

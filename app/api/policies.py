@@ -72,7 +72,7 @@ def _document(name: str, body: tuple[str, bytes]) -> object:
     else:
         try:
             document = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than a policy
             message = "body is neither JSON nor YAML sent as application/yaml"
             raise Invalid(message, field="body") from None
     if isinstance(document, dict):

@@ -160,6 +160,11 @@ class CheckpointRead(BaseModel):
     locations: list[LocationRead]
     created_by: str | None = Field(description="who registered it (see access control)")
     updated_by: str | None = Field(description="who changed it last")
+    health: Literal["ok", "drift"] = Field(
+        description="`drift` when the last reconciliation found a catalogued object missing "
+        "or changed (see `health_detail`)"
+    )
+    health_detail: str | None
 
 
 class PriceRead(BaseModel):

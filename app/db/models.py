@@ -106,6 +106,10 @@ class Checkpoint(Base):
     trashed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
     updated_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
+    # What the last reconciliation found: `ok`, or `drift` with the problem in health_detail
+    # (a catalogued object missing, or its size or checksum changed).
+    health: Mapped[str] = mapped_column(String(16), default="ok", server_default="ok")
+    health_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     locations: Mapped[list[Location]] = relationship(
         lazy="raise", order_by="Location.id", cascade="all, delete-orphan"
@@ -163,6 +167,7 @@ class Action(Base):
     # Who asked for it: a token (manual requests) or the rule that planned it.
     actor: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
     approved_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)  # released a hold
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # storage
 
 
 class PolicyRow(Base):
@@ -207,3 +212,29 @@ class Token(Base):
     created_by: Mapped[str] = mapped_column(ACTOR)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
+
+
+class AuditEvent(Base):
+    """One state change of a checkpoint, run, policy, token or action: who, when, what it
+    was before and after, and why (the rule, or the request). Written in the transaction of
+    the change itself, so the trail has no gaps and no entries for changes rolled back."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_events_checkpoint_id_id", "checkpoint_id", "id"),
+        Index("ix_audit_events_run_id_id", "run_id", "id"),
+        Index("ix_audit_events_actor_id", "actor", "id"),
+        Index("ix_audit_events_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    actor: Mapped[str] = mapped_column(ACTOR)
+    entity: Mapped[str] = mapped_column(String(16))  # checkpoint | run | policy | token | action
+    entity_id: Mapped[str] = mapped_column(String(140))
+    event: Mapped[str] = mapped_column(String(32))  # created | updated | deleted | <a verb>
+    checkpoint_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    run_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,5 +1,6 @@
 """Background work of one process: the worker loop, registration-triggered evaluations,
-and the periodic jobs (sweep, purge). Jobs only enqueue; workers execute."""
+and the periodic jobs (sweep, purge, reconcile). Jobs only enqueue (reconcile only reads and
+marks health); workers execute."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
 from app.services.executor import Executor
 from app.services.ledger import enqueue_due_purges, requested_evaluations, run_sweep
+from app.services.reconcile import reconcile
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
@@ -37,6 +39,7 @@ class Runtime:
         *,
         sweep_interval: timedelta,
         trash_retention: timedelta,
+        reconcile_interval: timedelta = timedelta(0),
         worker: bool = True,
         scheduler: bool = True,
         evaluator: bool = True,
@@ -45,6 +48,7 @@ class Runtime:
         self.tiers = tiers
         self.sweep_interval = sweep_interval
         self.trash_retention = trash_retention
+        self.reconcile_interval = reconcile_interval
         self.executor = Executor(factory, tiers, trash_retention=trash_retention)
         self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
         self._stop = threading.Event()
@@ -81,6 +85,15 @@ class Runtime:
                 coalesce=True,
                 next_run_time=_now(),
             )
+            if self.reconcile_interval > timedelta(0):
+                scheduler.add_job(
+                    self.reconcile,
+                    "interval",
+                    seconds=self.reconcile_interval.total_seconds(),
+                    id="reconcile",
+                    max_instances=1,
+                    coalesce=True,
+                )
             scheduler.start()
             self._scheduler = scheduler
 
@@ -124,6 +137,14 @@ class Runtime:
             },
         )
         self.wake_workers()
+
+    def reconcile(self) -> None:
+        """Compare the tiers with the catalog; drift marks checkpoints, orphans are only
+        reported (an admin deletes them through the API)."""
+        try:
+            reconcile(self.factory, self.tiers)
+        except Exception:
+            log.exception("reconciliation failed")
 
     def purge(self) -> None:
         try:

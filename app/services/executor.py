@@ -42,7 +42,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-# -- storage retries per action: `record_retries` is where the ledger will keep them ----------
+# -- storage retries per action: kept in the ledger and counted in the metrics --------------
 
 
 def _tallied(execute: Callable[[Executor, str], None]) -> Callable[[Executor, str], None]:
@@ -59,14 +59,20 @@ def _tallied(execute: Callable[[Executor, str], None]) -> Callable[[Executor, st
 
 
 def record_retries(factory: sessionmaker[Session], action_id: str, retries: int) -> None:
-    """After one execution of an action: its storage retries and its outcome go to the
-    metrics and to a log line (`action finished` once it is done, failed or cancelled).
-
-    The ledger does not keep them yet: once `actions.retries` exists, add them to the row in
-    this transaction (`retries=Action.retries + retries`) and log the row's total."""
+    """After one execution of an action: its storage retries are added to its ledger row,
+    and they and its outcome go to the metrics and to a log line (`action finished` once it
+    is done, failed or cancelled)."""
     with session_scope(factory) as session:
-        kind, state, attempts = session.execute(
-            select(Action.kind, Action.state, Action.attempts).where(Action.id == action_id)
+        if retries:
+            session.execute(
+                update(Action)
+                .where(Action.id == action_id)
+                .values(retries=Action.retries + retries)
+            )
+        kind, state, attempts, total = session.execute(
+            select(Action.kind, Action.state, Action.attempts, Action.retries).where(
+                Action.id == action_id
+            )
         ).one()
     metrics.action_executed(kind, state, retries)
     finished = state in metrics.FINAL_STATES
@@ -77,7 +83,7 @@ def record_retries(factory: sessionmaker[Session], action_id: str, retries: int)
             "kind": kind,
             "state": state,
             "attempts": attempts,
-            "retries": retries,
+            "retries": total,
         },
     )
 

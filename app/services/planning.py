@@ -19,7 +19,7 @@ from app.domain.tier import Tier
 from app.policy.engine import evaluate, select_policy
 from app.policy.schema import Policy
 from app.services.policies import active_policies
-from app.services.snapshot import Scope, load_scope
+from app.services.snapshot import load_scope
 
 OPEN_STATES = ("held", "pending", "running")
 
@@ -62,10 +62,12 @@ def exceeds_blast_radius(delete_count: int, delete_bytes: int, total: tuple[int,
     return delete_count * 2 > count or delete_bytes * 2 > size
 
 
-def _open_actions(session: Session, scope: Scope) -> dict[tuple[str, str, str | None], Action]:
+def _open_actions(
+    session: Session, run_id: str | None
+) -> dict[tuple[str, str, str | None], Action]:
     stmt = select(Action).where(Action.state.in_(OPEN_STATES))
-    if len(scope.runs) == 1:
-        stmt = stmt.where(Action.run_id == scope.runs[0].id)
+    if run_id is not None:
+        stmt = stmt.where(Action.run_id == run_id)
     return {(a.checkpoint_id, a.kind, a.to_tier): a for a in session.execute(stmt).scalars()}
 
 
@@ -124,6 +126,10 @@ def _plan(
     explain: bool,
     projects: Collection[str] | None,
 ) -> CatalogPlan:
+    # The ledger first, then the catalog: each statement reads its own snapshot, and an
+    # action that finishes in between is then still open here (and its checkpoint left
+    # alone) rather than neither open nor visible in the catalog (and planned again).
+    existing = _open_actions(session, run_id)
     scope = load_scope(session, project=project, run_id=run_id, projects=projects)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
@@ -151,7 +157,6 @@ def _plan(
         per_project[run.project].extend(result.actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
-    existing = _open_actions(session, scope)
     for project_name, actions in per_project.items():
         # Deletes already in the ledger were weighed by the evaluation that made them.
         deletes = [

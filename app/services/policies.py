@@ -68,9 +68,10 @@ def parse_yaml(text: str | bytes, *, field: str = "body") -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise Invalid(f"not valid YAML: {error}", field=field) from None
-    except (ValueError, IndexError, TypeError, RecursionError) as error:
-        # PyYAML's scalar constructors crash on some odd scalars (a sign and underscores
-        # read as a float): still the client's bad input, never a 500.
+    except Exception as error:
+        # PyYAML's constructors crash in many ways on odd input (a sign and underscores
+        # read as a float, `!!bool maybe`, `!!timestamp x`, deep nesting): still the
+        # client's bad input, never a 500.
         raise Invalid(f"not valid YAML: {type(error).__name__}", field=field) from None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import BinaryIO, Literal, Protocol
 
 # Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 hex digits) and
@@ -48,6 +49,7 @@ class ObjectInfo:
     size_bytes: int
     storage_class: str | None = None
     checksums: Mapping[str, str] = field(default_factory=dict)
+    modified: datetime | None = None  # last written, where a listing tells (reconciliation)
 
 
 class Storage(Protocol):

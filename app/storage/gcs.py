@@ -127,6 +127,18 @@ def translate(error: BaseException, what: str) -> StorageError:
     return StorageError(message)
 
 
+def _read_up_to(reader: BinaryIO, size: int) -> bytes:
+    """At most `size` bytes (fewer at the end of the stream: the upload then says so)."""
+    chunks, left = [], size
+    while left > 0:
+        chunk = reader.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _crc32c(crc: int, data: bytes) -> int:
     return int(google_crc32c.extend(crc, data))
 
@@ -233,13 +245,15 @@ class GcsStorage:
 
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
         start = self._dir(prefix)
-        blobs = self._list(prefix, "items(name,size,storageClass,crc32c,md5Hash),nextPageToken")
+        fields = "items(name,size,storageClass,crc32c,md5Hash,updated),nextPageToken"
+        blobs = self._list(prefix, fields)
         found = [
             ObjectInfo(
                 key=_safe_relative(blob.name[len(start) :], prefix),
                 size_bytes=int(blob.size),
                 storage_class=blob.storage_class,
                 checksums=_checksums(blob),
+                modified=blob.updated,
             )
             for blob in blobs
             if not _is_folder_marker(blob.name[len(start) :], int(blob.size))
@@ -286,12 +300,16 @@ class GcsStorage:
     ) -> None:
         """Up to 8 MiB the library sends one request (buffering at most that much); above it
         a resumable upload in `chunk_size` pieces. The server checks the crc32c either way.
-        A failed attempt starts again from the reader's first position, so a reader that
-        cannot seek (or only reads, like a digesting wrapper) gets one attempt."""
+        A failed attempt starts again from the reader's first position. A reader that
+        cannot seek (a stream from another provider) is read into memory first when it fits
+        in one request, so it gets every attempt too; a larger one gets one attempt (the
+        action as a whole is retried)."""
         name = self._name(key)
         url = self._url(name)
         seekable = getattr(reader, "seekable", None)
         start = reader.tell() if callable(seekable) and seekable() else None
+        if start is None and size <= SINGLE_REQUEST_MAX:
+            reader, start = io.BytesIO(_read_up_to(reader, size)), 0
 
         def attempt() -> None:
             if start is not None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -55,7 +56,9 @@ class LocalStorage:
                 if not self._inside(full):
                     raise UnsafePath(f"{os.path.relpath(full, base)!r} leads outside the tier")
                 rel = os.path.relpath(full, base).replace(os.sep, "/")
-                found.append(ObjectInfo(key=rel, size_bytes=os.stat(full).st_size))
+                status = os.stat(full)
+                modified = datetime.fromtimestamp(status.st_mtime, UTC)
+                found.append(ObjectInfo(key=rel, size_bytes=status.st_size, modified=modified))
         found.sort(key=lambda info: info.key)
         return found
 

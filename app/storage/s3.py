@@ -510,6 +510,7 @@ class S3Storage:
                         size_bytes=size,
                         storage_class=entry.get("StorageClass") or DEFAULT_CLASS,
                         checksums={"etag": etag} if etag else {},
+                        modified=entry.get("LastModified"),
                     )
                 )
         if not found:

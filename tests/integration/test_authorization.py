@@ -69,6 +69,7 @@ SPEC: dict[tuple[str, str], tuple[str | None, str]] = {
     ("POST", "/v1/forecast"): ("read", "none"),
     ("POST", "/v1/planner"): ("read", "none"),
     ("GET", "/v1/reconcile"): ("admin", "none"),
+    ("POST", "/v1/reconcile/orphans/delete"): ("admin", "none"),
     ("GET", "/v1/audit"): ("admin", "none"),
     ("GET", "/metrics"): ("read", "all"),
 }

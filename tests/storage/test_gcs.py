@@ -33,7 +33,7 @@ from google.cloud.storage.exceptions import InvalidResponse
 
 from app.storage import retry
 from app.storage.base import ObjectMissing, StorageError, TransientError, UnsafePath
-from app.storage.gcs import GcsStorage, translate
+from app.storage.gcs import SINGLE_REQUEST_MAX, GcsStorage, translate
 from app.storage.limits import MiB
 from app.storage.retry import ATTEMPTS
 from tests.storage.gcs_server import (
@@ -485,15 +485,28 @@ def test_transient_errors_are_retried(
         assert OPERATIONS[operation](flaky) == b"aaaaa"
 
 
-def test_unseekable_reader_gets_one_attempt(proxy: FlakyProxy, flaky: GcsStorage) -> None:
-    class OneWay(io.BytesIO):
-        def seekable(self) -> bool:
-            return False
+class OneWay(io.BytesIO):
+    """A stream that cannot seek, like an object being read from another provider."""
 
+    def seekable(self) -> bool:
+        return False
+
+
+def test_a_small_unseekable_stream_is_buffered_and_retried(
+    proxy: FlakyProxy, flaky: GcsStorage
+) -> None:
+    proxy.fail_next(1)
+    flaky.upload("small", OneWay(b"abc"), 3)
+    assert proxy.failed == 1
+    assert flaky.open_read("small").read() == b"abc"
+
+
+def test_a_large_unseekable_stream_gets_one_attempt(proxy: FlakyProxy, flaky: GcsStorage) -> None:
+    size = SINGLE_REQUEST_MAX + 1  # too big to hold: streamed once, the action retries it
     proxy.fail_next(1)
     with pytest.raises(TransientError):
-        flaky.upload("once", OneWay(b"abc"), 3)
-    assert proxy.failed == 1 and proxy.forwarded == 0
+        flaky.upload("once", OneWay(b"x" * size), size)
+    assert proxy.failed == 1 and flaky.head("once") is None
 
 
 def test_persistent_503_gives_up_with_transient_error(proxy: FlakyProxy, flaky: GcsStorage) -> None:

@@ -1,0 +1,114 @@
+"""`GET /v1/reconcile` (scan now) and `POST /v1/reconcile/orphans/delete` (an admin's ask)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import NowDep, TiersDep
+from app.domain.errors import Invalid
+from app.services import reconcile as service
+
+router = APIRouter(tags=["reconcile"])
+
+
+class OrphanRead(BaseModel):
+    tier: str
+    key: str = Field(description="relative to the tier's url")
+    uri: str
+    size_bytes: int
+    modified: datetime | None
+
+
+class DriftRead(BaseModel):
+    checkpoint_id: str
+    tier: str
+    key: str = Field(description="relative to the tier's url")
+    uri: str
+    problem: str = Field(description="`missing`, or what differs: size, sha256 or crc32c")
+
+
+class ReconcileRead(BaseModel):
+    orphans: list[OrphanRead]
+    drift: list[DriftRead]
+    scanned_objects: int
+    unreachable: dict[str, str] = Field(description="tiers that could not be listed, and why")
+
+
+class OrphanRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tier: str = Field(max_length=63)
+    key: str = Field(min_length=1, max_length=1024)
+
+
+class OrphanDeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    orphans: list[OrphanRef] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="the orphans to delete, as a scan reported them; `all: true` instead "
+        "deletes every orphan the fresh scan finds",
+    )
+    all: bool = False
+
+
+class RefusedRead(BaseModel):
+    tier: str
+    key: str
+    reason: str
+
+
+class OrphanDeleteRead(BaseModel):
+    deleted: list[OrphanRead]
+    refused: list[RefusedRead]
+
+
+@router.get("/v1/reconcile")
+async def reconcile(
+    request: Request,
+    tiers: TiersDep,
+    deep: Annotated[
+        bool,
+        Query(description="also read the bytes of files whose tier reports no checksum"),
+    ] = False,
+) -> ReconcileRead:
+    """Compare every tier with the catalog now: objects no checkpoint owns (orphans) and
+    catalogued files missing or changed (drift; the checkpoint's `health` becomes `drift`).
+    Deletes nothing."""
+    factory = request.app.state.session_factory
+    report = await run_in_threadpool(service.reconcile, factory, tiers, deep=deep)
+    return ReconcileRead(
+        orphans=[OrphanRead(**_fields(o)) for o in report.orphans],
+        drift=[DriftRead(**_fields(d)) for d in report.drift],
+        scanned_objects=report.scanned_objects,
+        unreachable=report.unreachable,
+    )
+
+
+@router.post("/v1/reconcile/orphans/delete")
+async def delete_orphans(
+    body: OrphanDeleteRequest, request: Request, tiers: TiersDep, now: NowDep
+) -> OrphanDeleteRead:
+    """Delete orphans, only when an admin asks: those named (or, with `all`, every one) that
+    a fresh scan still finds orphaned and that were written over an hour ago."""
+    if (body.orphans is None) == (not body.all):
+        raise Invalid("name the orphans, or set all: true (not both)", field="orphans")
+    wanted = None if body.all else [(o.tier, o.key) for o in body.orphans or []]
+    factory = request.app.state.session_factory
+    deleted, refused = await run_in_threadpool(
+        service.delete_orphans, factory, tiers, wanted, now=now
+    )
+    return OrphanDeleteRead(
+        deleted=[OrphanRead(**_fields(o)) for o in deleted],
+        refused=[RefusedRead(tier=t, key=k, reason=r) for t, k, r in refused],
+    )
+
+
+def _fields(item: service.Orphan | service.Drift) -> dict[str, object]:
+    return {name: getattr(item, name) for name in item.__slots__}
