@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from app.cli_cost import register as register_cost_commands
 from app.cli_lifecycle import register as register_lifecycle_commands
 from app.cli_token import register as register_token_commands
 from app.db import migrate as migrations
@@ -78,6 +79,7 @@ def migrate() -> None:
 
 register_lifecycle_commands(cli, _settings)
 register_token_commands(cli, _settings)
+register_cost_commands(cli, _settings)
 
 
 def main() -> None:

@@ -16,7 +16,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api import (
+    audit,
     checkpoints,
+    cost,
     errors,
     lifecycle,
     metrics,
@@ -146,7 +148,8 @@ def create_app(
     app.state.session_factory = factory
     app.state.runtime = runtime
     errors.install(app)
-    for module in (runs, checkpoints, lifecycle, policies, tiers, tokens, metrics, reconcile):
+    routers = (runs, checkpoints, lifecycle, policies, tiers, tokens, cost, metrics, reconcile)
+    for module in (*routers, audit):
         app.include_router(module.router)
     app.state.route_templates = route_templates(app.routes)
     _document_raw_bodies(app)

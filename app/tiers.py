@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.cost.prices import known_entry, unknown_entry_message
 from app.domain.errors import Invalid
 from app.domain.tier import Price, Tier, parse_url
 from app.settings import Settings
@@ -38,13 +39,35 @@ def _refuse_credentials(value: str) -> None:
         )
 
 
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0)]
+
+
 class PriceConfig(BaseModel):
+    """A tier's own prices. A figure left out comes from the built-in catalog (the tier's
+    provider and storage class, or the entry `catalog` names), else 0; a figure set, 0
+    included, always wins."""
+
     model_config = ConfigDict(extra="forbid")
 
-    storage_gb_month: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    retrieval_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    egress_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    min_storage_days: Annotated[int, Field(ge=0)] = 0
+    storage_gb_month: Usd | None = None
+    retrieval_gb: Usd | None = None
+    egress_gb: Usd | None = None
+    min_storage_days: Count | None = None
+    min_object_bytes: Count | None = None
+    write_requests_per_1000: Usd | None = None
+    read_requests_per_1000: Usd | None = None
+    catalog: str | None = None
+
+    @field_validator("catalog")
+    @classmethod
+    def _known_entry(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        key = known_entry(value)
+        if key is None:
+            raise ValueError(unknown_entry_message(value))
+        return key
 
 
 class TierConfig(BaseModel):

@@ -142,21 +142,25 @@ def commit_checkpoint(
 
 @router.post("/v1/checkpoints/{checkpoint_id}/pin")
 def pin_checkpoint(
-    checkpoint_id: str, body: PinCreate, session: SessionDep, principal: PrincipalDep
+    checkpoint_id: str, body: PinCreate, session: SessionDep, principal: PrincipalDep, now: NowDep
 ) -> CheckpointRead:
     return checkpoint_read(
         checkpoints.set_pin(
-            session, checkpoint_id=checkpoint_id, reason=body.reason, actor=principal.actor
+            session,
+            checkpoint_id=checkpoint_id,
+            reason=body.reason,
+            actor=principal.actor,
+            now=now,
         )
     )
 
 
 @router.delete("/v1/checkpoints/{checkpoint_id}/pin")
 def unpin_checkpoint(
-    checkpoint_id: str, session: SessionDep, principal: PrincipalDep
+    checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
 ) -> CheckpointRead:
     return checkpoint_read(
         checkpoints.set_pin(
-            session, checkpoint_id=checkpoint_id, reason=None, actor=principal.actor
+            session, checkpoint_id=checkpoint_id, reason=None, actor=principal.actor, now=now
         )
     )

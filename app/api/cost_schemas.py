@@ -4,14 +4,20 @@ fields; sizes may be written as JSON numbers like 1e12 but must be whole."""
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from app.api.schemas import Name
+from app.api.schemas import NAME_PATTERN, Name, PriceRead, TierRead
 from app.cost.forecast import MAX_DAYS, Forecast, ForecastSpec, Scenario, Usage
-from app.cost.planner import BYTES_PER_PARAMETER, Sizing, SizingInputs
+from app.cost.planner import (
+    BYTES_PER_PARAMETER,
+    DEFAULT_BYTES_PER_PARAMETER,
+    Sizing,
+    SizingInputs,
+)
 from app.cost.prices import PriceQuote
 from app.cost.report import CostReport, GroupBy
 from app.domain.duration import parse_duration
@@ -39,6 +45,18 @@ def _duration(value: str) -> str:
 
 def _interval(value: str) -> str:
     return value if value == "end" else _duration(value)
+
+
+def _policy_ref(value: object) -> object:
+    """A policy's name or a policy object: anything else is refused here, once, under
+    `policy` (not once per member of the union)."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        if re.fullmatch(NAME_PATTERN, value):
+            return value
+        raise ValueError(f"{value[:80]!r} is not a policy name (pattern {NAME_PATTERN})")
+    raise ValueError("must be a policy's name or a policy object")
 
 
 Whole = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_BYTES)]
@@ -71,11 +89,10 @@ class SourceRead(BaseModel):
     as_of: str
 
 
-class PriceQuoteRead(BaseModel):
-    storage_gb_month: float
-    retrieval_gb: float
-    egress_gb: float
-    min_storage_days: int
+class PriceQuoteRead(PriceRead):
+    """A tier's effective price: the four figures of the tiers file's `price`, then the
+    rest of the catalog's, and where each came from."""
+
     min_object_bytes: int
     write_requests_per_1000: float
     read_requests_per_1000: float
@@ -104,6 +121,13 @@ def price_read(quote: PriceQuote) -> PriceQuoteRead:
         },
         note=quote.note,
     )
+
+
+class TierPricedRead(TierRead):
+    """A tier with its usage and its effective price (catalog defaults, its own figures
+    over them)."""
+
+    price: PriceQuoteRead
 
 
 class PriceOverride(Strict):
@@ -173,7 +197,7 @@ class ForecastRequest(Strict):
         description="class -> interval, or `end` for one checkpoint when the run ends",
         examples=[{"rolling": "3h", "milestone": "1d", "final": "end"}],
     )
-    policy: Name | dict[str, Any] | None = Field(
+    policy: Annotated[Name | dict[str, Any] | None, BeforeValidator(_policy_ref)] = Field(
         None, description="a stored policy's name (default: `default`) or a policy inline"
     )
     concurrent_runs: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] = 1
@@ -193,7 +217,9 @@ class ForecastRequest(Strict):
             raise Invalid("only with parameters", field="bytes_per_parameter")
         size = self.checkpoint_bytes
         if self.parameters is not None:
-            size = round(self.parameters * (self.bytes_per_parameter or 14))
+            size = round(
+                self.parameters * (self.bytes_per_parameter or DEFAULT_BYTES_PER_PARAMETER)
+            )
             if not 1 <= size <= MAX_BYTES:
                 raise Invalid(f"a checkpoint of {size} bytes", field="parameters")
         assert size is not None
@@ -319,6 +345,12 @@ class PlannerRequest(Strict):
         if per_parameter is not None and self.parameters is None:
             field = "recipe" if self.recipe is not None else "bytes_per_parameter"
             raise Invalid("only with parameters", field=field)
+        if self.parameters is not None:
+            size = round(self.parameters * (per_parameter or DEFAULT_BYTES_PER_PARAMETER))
+            if size > MAX_BYTES:
+                raise Invalid(
+                    f"a checkpoint of {size:.3g} bytes; at most {MAX_BYTES:.0e}", field="parameters"
+                )
         if not self.model_fields_set:
             raise Invalid(
                 "nothing to size: give parameters, or checkpoint_write_seconds with mtbf, ...",

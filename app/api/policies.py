@@ -100,5 +100,5 @@ def put_policy(
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_policy(name: str, session: SessionDep, principal: PrincipalDep) -> None:
-    policies.delete_policy(session, name, actor=principal.actor)
+def delete_policy(name: str, session: SessionDep, principal: PrincipalDep, now: NowDep) -> None:
+    policies.delete_policy(session, name, actor=principal.actor, now=now)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import NowDep, TiersDep
+from app.api.deps import NowDep, PrincipalDep, TiersDep
 from app.domain.errors import Invalid
 from app.services import reconcile as service
 
@@ -73,6 +73,7 @@ class OrphanDeleteRead(BaseModel):
 async def reconcile(
     request: Request,
     tiers: TiersDep,
+    principal: PrincipalDep,
     deep: Annotated[
         bool,
         Query(description="also read the bytes of files whose tier reports no checksum"),
@@ -82,7 +83,9 @@ async def reconcile(
     catalogued files missing or changed (drift; the checkpoint's `health` becomes `drift`).
     Deletes nothing."""
     factory = request.app.state.session_factory
-    report = await run_in_threadpool(service.reconcile, factory, tiers, deep=deep)
+    report = await run_in_threadpool(
+        service.reconcile, factory, tiers, deep=deep, actor=principal.actor
+    )
     return ReconcileRead(
         orphans=[OrphanRead(**_fields(o)) for o in report.orphans],
         drift=[DriftRead(**_fields(d)) for d in report.drift],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter
 
+from app.api.cost_schemas import TierPricedRead, price_read
 from app.api.deps import Cursor, Limit, PrincipalDep, SessionDep, TiersDep
-from app.api.schemas import Health, Page, PriceRead, TierRead, TierUsage
+from app.api.schemas import Health, Page, TierUsage
+from app.cost.prices import effective_price
 from app.services.pagination import decode_cursor, encode_cursor
 from app.services.tiers import tier_usage
 
@@ -21,20 +21,22 @@ def list_tiers(
     principal: PrincipalDep,
     limit: Limit = 100,
     cursor: Cursor = None,
-) -> Page[TierRead]:
+) -> Page[TierPricedRead]:
     """Hottest first, with what each holds now (active and trashed checkpoints); for a token
-    bounded to some projects, what those projects hold."""
+    bounded to some projects, what those projects hold. `price` is the tier's effective
+    price: the built-in catalog's figures for its provider and storage class, each figure
+    its tiers-file `price` sets winning (a local tier costs 0 unless priced)."""
     start = decode_cursor(cursor, int)[0] + 1 if cursor is not None else 0
     page = tiers[start : start + limit]
     usage = tier_usage(session, projects=principal.projects)
     items = [
-        TierRead(
+        TierPricedRead(
             name=tier.name,
             url=tier.url,
             rank=tier.rank,
             storage_class=tier.storage_class,
             endpoint_url=tier.endpoint_url,
-            price=PriceRead(**asdict(tier.price)),
+            price=price_read(effective_price(tier)),
             usage=TierUsage(
                 bytes=usage.get(tier.name, (0, 0))[0], checkpoints=usage.get(tier.name, (0, 0))[1]
             ),
@@ -42,7 +44,9 @@ def list_tiers(
         for tier in page
     ]
     more = start + limit < len(tiers)
-    return Page[TierRead](items=items, next_cursor=encode_cursor(page[-1].rank) if more else None)
+    return Page[TierPricedRead](
+        items=items, next_cursor=encode_cursor(page[-1].rank) if more else None
+    )
 
 
 @router.get("/healthz", tags=["health"])

@@ -309,4 +309,4 @@ def _usd(amount: float) -> str:
 
 
 def _days(days: float) -> str:
-    return f"{days:g} days" if days == int(days) else f"{days:.1f} days"
+    return f"{round(days, 1):g} days"

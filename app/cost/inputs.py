@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 from app.cost.prices import (
     FIGURES,
     PriceQuote,
-    catalog,
     catalog_quote,
     effective_price,
+    known_entry,
+    unknown_entry_message,
     with_figures,
 )
 from app.domain.errors import Invalid, NotFound
@@ -44,7 +45,10 @@ def resolve_policy(
     try:
         return validate_policy(dict(policy), names)
     except Invalid as error:
-        raise Invalid(error.message, field=f"policy.{error.field}") from None
+        inner = error.field or ""
+        message = error.message.removeprefix(f"{inner}: ") if inner else error.message
+        field = f"policy.{inner}" if inner else "policy"
+        raise Invalid(message, field=field) from None
 
 
 def tier_prices(
@@ -60,13 +64,11 @@ def tier_prices(
                 field=f"prices.{name}",
             )
         quote = prices[name]
-        key = override.get("catalog")
-        if key is not None:
-            if key not in catalog():
-                raise Invalid(
-                    f"no catalog entry {key!r}; known: {', '.join(sorted(catalog()))}",
-                    field=f"prices.{name}.catalog",
-                )
+        named = override.get("catalog")
+        if named is not None:
+            key = known_entry(named)
+            if key is None:
+                raise Invalid(unknown_entry_message(named), field=f"prices.{name}.catalog")
             quote = catalog_quote(key)
         figures = {k: v for k, v in override.items() if k in FIGURES and v is not None}
         prices[name] = with_figures(quote, figures)

@@ -171,6 +171,20 @@ def catalog() -> Mapping[str, CatalogEntry]:
     return MappingProxyType(parse_catalog(text))
 
 
+def known_entry(name: str) -> str | None:
+    """The catalog key `name` spells, whatever its case (`aws/glacier_ir` is
+    `aws/GLACIER_IR`); None when the catalog has no such entry."""
+    provider, sep, klass = name.strip().partition("/")
+    key = f"{provider.lower()}/{klass.upper()}"
+    return key if sep and key in catalog() else None
+
+
+def unknown_entry_message(name: str) -> str:
+    return f"no built-in price catalog entry {name!r}; known entries: " + ", ".join(
+        sorted(catalog())
+    )
+
+
 # --- which entry a tier gets ---------------------------------------------------------------
 
 

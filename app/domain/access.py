@@ -26,6 +26,7 @@ _GRANTS: dict[str, frozenset[str]] = {
 ANONYMOUS_ACTOR = "anonymous"  # CKPT_AUTH=off: the embedded quick start on a loopback address
 SCHEDULER_ACTOR = "system:scheduler"  # periodic sweeps and registration-triggered evaluations
 POLICY_FILES_ACTOR = "system:policy-files"  # policies loaded from CKPT_POLICIES_DIR at start
+RECONCILE_ACTOR = "system:reconcile"  # the scheduled reconciliation (checkpoint health)
 BOOTSTRAP_ACTOR = "system:bootstrap"  # the CKPT_BOOTSTRAP_TOKEN row
 
 

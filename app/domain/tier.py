@@ -15,10 +15,19 @@ SCHEMES = ("file", "s3", "gs")
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    storage_gb_month: float = 0.0
-    retrieval_gb: float = 0.0
-    egress_gb: float = 0.0
-    min_storage_days: int = 0
+    """The figures a tiers file sets on a tier; None leaves the figure to the built-in
+    catalog (app.cost.prices: the tier's provider and storage class, or the entry named by
+    `catalog`), and to 0 where the catalog has none (local tiers, unknown providers).
+    USD; storage per GB-month, retrieval and egress per GB, requests per 1,000."""
+
+    storage_gb_month: float | None = None
+    retrieval_gb: float | None = None
+    egress_gb: float | None = None
+    min_storage_days: int | None = None
+    min_object_bytes: int | None = None
+    write_requests_per_1000: float | None = None
+    read_requests_per_1000: float | None = None
+    catalog: str | None = None  # a catalog entry, "<provider>/<STORAGE CLASS>"
 
 
 @dataclass(frozen=True, slots=True)

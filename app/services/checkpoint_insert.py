@@ -1,9 +1,9 @@
-"""Writing a new checkpoint: its row, its primary location, its run's active totals and
-the request to evaluate the run again.
+"""Writing a new checkpoint: its row, its primary location, its run's active totals, the
+request to evaluate the run again, and its audit event.
 
 On PostgreSQL this is one statement (data-modifying CTEs) on an autocommit connection:
-atomic on its own, and one round trip instead of five (BEGIN, three writes, COMMIT),
-which is most of what a registration costs. Elsewhere the three writes run in the
+atomic on its own, and one round trip instead of six (BEGIN, four writes, COMMIT),
+which is most of what a registration costs. Elsewhere the four writes run in the
 request's transaction.
 """
 
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location
 from app.domain.errors import NotFound
+from app.services import audit
 from app.services.upsert import insert_ignoring_conflicts
 from app.services.usage import count_active
 
@@ -42,6 +43,11 @@ _PG_INSERT = """
                         evaluate_requested_at = COALESCE(runs.evaluate_requested_at,
                                                          %(registered_at)s)
         FROM c WHERE runs.id = c.run_id AND c.state = 'active'
+    ), a AS (
+        INSERT INTO audit_events (at, actor, entity, entity_id, event, checkpoint_id, run_id,
+                                  "before", "after", reason)
+        SELECT %(registered_at)s, %(created_by)s, 'checkpoint', id, %(audit_event)s, id,
+               run_id, NULL, CAST(%(audit_after)s AS JSON), NULL FROM c
     )
     SELECT id FROM c
 """
@@ -49,6 +55,19 @@ _PG_INSERT = """
 
 def _json(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value).decode()
+
+
+def _audit_event(values: dict[str, Any], location: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """`registered` (committed) or `reserved` (`writing`), and what the checkpoint is now."""
+    after = {
+        "state": values["state"],
+        "step": values["step"],
+        "class": values["klass"],
+        "size_bytes": values["size_bytes"],
+        "tier": location["tier"],
+        "locations": [{"tier": location["tier"], "role": "primary", "uri": location["uri"]}],
+    }
+    return ("registered" if values["state"] == "active" else "reserved"), after
 
 
 def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
@@ -63,6 +82,7 @@ def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[s
 
 
 def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    event, after = _audit_event(values, location)
     params = {
         **values,
         "files": _json(values["files"]),
@@ -70,6 +90,8 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         "labels": _json(values["labels"]),
         "tier": location["tier"],
         "storage_class": location["storage_class"],
+        "audit_event": event,
+        "audit_after": _json(after),
     }
     if session.in_transaction():
         # The request already holds a connection: use it (commit comes with the request)
@@ -120,4 +142,16 @@ def _insert_in_session(session: Session, values: dict[str, Any], location: dict[
             size=values["size_bytes"],
             evaluate_at=values["registered_at"],
         )
+    event, after = _audit_event(values, location)
+    audit.record(
+        session,
+        actor=values["created_by"],
+        entity="checkpoint",
+        entity_id=values["id"],
+        event=event,
+        at=values["registered_at"],
+        checkpoint_id=values["id"],
+        run_id=values["run_id"],
+        after=after,
+    )
     return True

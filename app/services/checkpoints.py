@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -13,6 +13,7 @@ from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
+from app.services import audit
 from app.services.checkpoint_insert import insert_checkpoint
 from app.services.manifest import list_manifest, normalise, require_exists, same_files, total_size
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
@@ -176,6 +177,7 @@ def _apply_commit(
     actor: str,
     now: datetime,
 ) -> None:
+    was = {"state": checkpoint.state, "size_bytes": checkpoint.size_bytes}
     checkpoint.files = files
     checkpoint.size_bytes = total_size(files, size_bytes)
     if metrics is not None:
@@ -183,6 +185,18 @@ def _apply_commit(
     checkpoint.state = "active"
     checkpoint.committed_at = now
     checkpoint.updated_by = actor
+    audit.record(
+        session,
+        actor=actor,
+        entity="checkpoint",
+        entity_id=checkpoint.id,
+        event="committed",
+        at=now,
+        checkpoint_id=checkpoint.id,
+        run_id=checkpoint.run_id,
+        before=was,
+        after={"state": "active", "size_bytes": checkpoint.size_bytes},
+    )
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
@@ -262,13 +276,36 @@ def list_checkpoints(
     return page, encode_cursor(page[-1].step) if len(rows) > limit else None
 
 
-def set_pin(session: Session, *, checkpoint_id: str, reason: str | None, actor: str) -> Checkpoint:
-    """Pin (reason given) or unpin (None). Idempotent."""
+def set_pin(
+    session: Session,
+    *,
+    checkpoint_id: str,
+    reason: str | None,
+    actor: str,
+    now: datetime | None = None,
+) -> Checkpoint:
+    """Pin (reason given) or unpin (None). Idempotent: a repeat records no audit event (a
+    new reason for a pinned checkpoint does)."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if reason is not None and checkpoint.state == "deleted":
         raise Conflict("a deleted checkpoint has no bytes left to pin", field="checkpoint_id")
+    was = {"pinned": checkpoint.pinned, "pin_reason": checkpoint.pin_reason}
+    before, after = audit.diff(was, {"pinned": reason is not None, "pin_reason": reason})
     checkpoint.pinned = reason is not None
     checkpoint.pin_reason = reason
     checkpoint.updated_by = actor
+    if after:
+        audit.record(
+            session,
+            actor=actor,
+            entity="checkpoint",
+            entity_id=checkpoint.id,
+            event="pinned" if reason is not None else "unpinned",
+            at=now or datetime.now(UTC),
+            checkpoint_id=checkpoint.id,
+            run_id=checkpoint.run_id,
+            before=before,
+            after=after,
+        )
     session.flush()
     return checkpoint

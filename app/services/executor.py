@@ -23,8 +23,9 @@ from app import metrics
 from app.db.models import Action, Checkpoint, Location, Project, Run
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
+from app.services import audit
 from app.services.crash import crash_point
-from app.services.ledger import purge_action
+from app.services.ledger import add_action, purge_action
 from app.services.usage import count_active
 from app.storage.base import Storage, StorageError, join_key
 from app.storage.registry import storage_for
@@ -121,7 +122,21 @@ class Executor:
                 other.lease_until >= now,
             )
             stmt = (
-                select(Action.id, Action.updated_at, Action.kind, Action.due_at, Action.lease_until)
+                select(
+                    Action.id,
+                    Action.updated_at,
+                    Action.kind,
+                    Action.due_at,
+                    Action.lease_until,
+                    # for its audit event, in the same round trip
+                    Action.state,
+                    Action.step,
+                    Action.attempts,
+                    Action.rule,
+                    Action.actor,
+                    Action.checkpoint_id,
+                    Action.run_id,
+                )
                 .where(
                     or_(
                         and_(Action.state == "pending", Action.due_at <= now),
@@ -148,9 +163,28 @@ class Executor:
                     updated_at=now,
                 )
             )
-            if claimed.rowcount == 1:  # type: ignore[attr-defined]
-                metrics.action_claimed(row.kind, row.lease_until or row.due_at, now)
-            return row[0] if claimed.rowcount == 1 else None  # type: ignore[attr-defined]
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            metrics.action_claimed(row.kind, row.lease_until or row.due_at, now)
+            if not (row.step or "").startswith("restoring/"):  # not each poll of a restore
+                audit.record(
+                    session,
+                    actor=audit.acting_as(row.actor, row.rule),
+                    entity="action",
+                    entity_id=row.id,
+                    event="claimed",
+                    at=now,
+                    checkpoint_id=row.checkpoint_id,
+                    run_id=row.run_id,
+                    before={"state": row.state},
+                    after={
+                        "state": "running",
+                        "attempts": row.attempts + 1,
+                        "lease_owner": self.owner,
+                    },
+                    reason=row.rule,
+                )
+            return str(row.id)
 
     def run_once(self) -> bool:
         action_id = self.claim()
@@ -204,8 +238,22 @@ class Executor:
             assert action is not None
             return action
 
-    def _close(self, action: Action, state: str, error: str | None = None) -> None:
+    def _close(
+        self, session: Session, action: Action, state: str, error: str | None = None
+    ) -> None:
+        """End the action `done`, `failed` or `cancelled`, and audit it as that state."""
         now = self.clock()
+        after: dict[str, object] = {"state": state}
+        if error is not None:
+            after["error"] = error
+        audit.record_many(
+            session,
+            [
+                audit.action_event(
+                    action, state, at=now, before={"state": action.state}, after=after
+                )
+            ],
+        )
         action.state = state
         action.error = error
         action.finished_at = now
@@ -217,13 +265,14 @@ class Executor:
         with session_scope(self.factory) as session:
             action = session.get(Action, action_id)
             assert action is not None
-            self._close(action, state, error)
+            self._close(session, action, state, error)
 
     def _retry(self, action_id: str, error: str) -> None:
         with session_scope(self.factory) as session:
             action = session.get(Action, action_id)
             assert action is not None
             now = self.clock()
+            was = action.state
             action.error = error
             action.updated_at = now
             action.lease_owner = None
@@ -231,9 +280,16 @@ class Executor:
             if action.attempts >= MAX_ATTEMPTS:
                 action.state = "failed"
                 action.finished_at = now
+                after: dict[str, object] = {"state": "failed", "error": error}
             else:
                 action.state = "pending"
                 action.due_at = now + timedelta(seconds=min(2**action.attempts, 300))
+                after = {"state": "pending", "error": error, "due_at": action.due_at}
+            event = "failed" if action.state == "failed" else "retry"
+            audit.record_many(
+                session,
+                [audit.action_event(action, event, at=now, before={"state": was}, after=after)],
+            )
         log.warning("action failed, will retry", extra={"action_id": action_id, "error": error})
 
     def _set_step(self, action_id: str, step: str, **values: object) -> None:
@@ -253,6 +309,31 @@ class Executor:
             .options(selectinload(Checkpoint.locations))
         ).scalar_one()
 
+    def _checkpoint_event(
+        self,
+        session: Session,
+        action: Action,
+        checkpoint: Checkpoint,
+        event: str,
+        *,
+        before: dict[str, object],
+        after: dict[str, object],
+    ) -> None:
+        """A catalog change made by executing `action`: as its actor, for its rule."""
+        audit.record(
+            session,
+            actor=audit.action_actor(action),
+            entity="checkpoint",
+            entity_id=checkpoint.id,
+            event=event,
+            at=self.clock(),
+            checkpoint_id=checkpoint.id,
+            run_id=checkpoint.run_id,
+            before=before,
+            after=after,
+            reason=action.rule,
+        )
+
     def _delete(self, action_id: str) -> None:
         """To the trash: the bytes stay until the purge."""
         with session_scope(self.factory) as session:
@@ -260,23 +341,31 @@ class Executor:
             assert action is not None
             checkpoint = self._checkpoint(session, action.checkpoint_id)
             if checkpoint.pinned:
-                self._close(action, "cancelled", "checkpoint is pinned")
+                self._close(session, action, "cancelled", "checkpoint is pinned")
                 return
             if checkpoint.state == "active":
                 count_active(
                     session, checkpoint.run_id, checkpoints=-1, size=-checkpoint.size_bytes
                 )
             if checkpoint.state not in ("trashed", "deleted"):
+                self._checkpoint_event(
+                    session,
+                    action,
+                    checkpoint,
+                    "trashed",
+                    before={"state": checkpoint.state},
+                    after={"state": "trashed"},
+                )
                 checkpoint.state = "trashed"
                 checkpoint.trashed_at = self.clock()
                 checkpoint.updated_by = action.actor
-            self._close(action, "done")
+            self._close(session, action, "done")
             session.flush()
             if checkpoint.state == "trashed" and self.trash_retention <= timedelta(0):
                 size = checkpoint.size_bytes
-                session.add(
-                    purge_action(session, checkpoint.id, checkpoint.run_id, size, self.clock())
-                )
+                now = self.clock()
+                purge = purge_action(session, checkpoint.id, checkpoint.run_id, size, now)
+                add_action(session, purge, now)
         crash_point("delete.trashed")
 
     def _purge(self, action_id: str) -> None:
@@ -286,10 +375,10 @@ class Executor:
             assert action is not None
             checkpoint = self._checkpoint(session, action.checkpoint_id)
             if checkpoint.state == "deleted":
-                self._close(action, "done")
+                self._close(session, action, "done")
                 return
             if checkpoint.state != "trashed":
-                self._close(action, "cancelled", f"checkpoint is {checkpoint.state}")
+                self._close(session, action, "cancelled", f"checkpoint is {checkpoint.state}")
                 return
             uris = [loc.uri for loc in checkpoint.locations]
         crash_point("purge.checked")
@@ -300,13 +389,21 @@ class Executor:
         with session_scope(self.factory) as session:
             checkpoint = self._checkpoint(session, action.checkpoint_id)
             metrics.bytes_purged(checkpoint.size_bytes, [loc.tier for loc in checkpoint.locations])
+            finished = session.get(Action, action_id)
+            assert finished is not None
+            self._checkpoint_event(
+                session,
+                finished,
+                checkpoint,
+                "purged",
+                before={"state": checkpoint.state, **audit.placement(checkpoint.locations)},
+                after={"state": "deleted", "tier": None, "locations": []},
+            )
             for loc in list(checkpoint.locations):
                 session.delete(loc)
             checkpoint.state = "deleted"
             checkpoint.updated_by = action.actor
-            finished = session.get(Action, action_id)
-            assert finished is not None
-            self._close(finished, "done")
+            self._close(session, finished, "done")
         crash_point("purge.done")
 
     def _storage(self, uri: str) -> tuple[Storage, str]:
@@ -322,7 +419,9 @@ class Executor:
             reason = self._refuse_transfer(action, checkpoint)
             if reason is not None:
                 done = reason == "already there"
-                self._close(action, "done" if done else "cancelled", None if done else reason)
+                self._close(
+                    session, action, "done" if done else "cancelled", None if done else reason
+                )
                 return
             if action.dest_uri is None:
                 action.source_uri, action.dest_uri = self._endpoints(session, action, checkpoint)
@@ -423,6 +522,16 @@ class Executor:
             action = session.get(Action, action_id)
             assert action is not None
             now = self.clock()
+            if polls == 0:  # the first wait is audited, not each poll
+                after = {"state": "pending", "step": f"restoring/{polls}", "due_at": now + delay}
+                audit.record_many(
+                    session,
+                    [
+                        audit.action_event(
+                            action, "waiting", at=now, before={"state": action.state}, after=after
+                        )
+                    ],
+                )
             action.step = f"restoring/{polls}"
             action.state = "pending"
             action.attempts = max(0, action.attempts - 1)
@@ -512,24 +621,33 @@ class Executor:
             assert action is not None and action.to_tier is not None
             tier = self.tiers_by_name[action.to_tier]
             checkpoint = self._checkpoint(session, action.checkpoint_id)
+            was = audit.placement(checkpoint.locations)
+            placed = list(checkpoint.locations)
             on_target = next((loc for loc in checkpoint.locations if loc.tier == tier.name), None)
             if action.kind == "move":
                 primary = next((loc for loc in checkpoint.locations if loc.role == "primary"), None)
                 if on_target is not None and on_target is not primary:
                     session.delete(on_target)
                     session.flush()
+                    placed.remove(on_target)
                 if primary is not None:
                     primary.tier, primary.uri = tier.name, dest_uri
                     primary.storage_class = tier.storage_class
             elif on_target is None:
-                session.add(
-                    Location(
-                        checkpoint_id=checkpoint.id,
-                        tier=tier.name,
-                        uri=dest_uri,
-                        storage_class=tier.storage_class,
-                        role="replica",
-                    )
+                replica = Location(
+                    checkpoint_id=checkpoint.id,
+                    tier=tier.name,
+                    uri=dest_uri,
+                    storage_class=tier.storage_class,
+                    role="replica",
+                )
+                session.add(replica)
+                placed.append(replica)
+            before, after = audit.diff(was, audit.placement(placed))
+            if after:  # not when a resumed action had switched already
+                event = {"move": "moved", "copy": "copied"}.get(action.kind, "restored")
+                self._checkpoint_event(
+                    session, action, checkpoint, event, before=before, after=after
                 )
             checkpoint.updated_by = action.actor
             now = self.clock()

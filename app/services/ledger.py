@@ -9,6 +9,7 @@ import threading
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,6 +21,7 @@ from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier
 from app.policy.schema import Policy
+from app.services import audit
 from app.services.checkpoints import get_checkpoint
 from app.services.pagination import decode_cursor, encode_cursor
 from app.services.planning import OPEN_STATES, plan_catalog
@@ -63,6 +65,7 @@ def run_sweep(
     Idempotent: a checkpoint with an open action of the same kind and target gets no second
     one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
     A registration-triggered evaluation that adds nothing leaves no sweep row behind.
+    Every new action is audited (one statement for all of them), as its rule.
     """
     session = factory()
     try:
@@ -87,6 +90,7 @@ def run_sweep(
             )
             session.add(sweep)
             created: list[str] = []
+            events: list[dict[str, Any]] = []
             for item in plan.items:
                 if item.open_action_id is not None:
                     continue
@@ -107,7 +111,9 @@ def run_sweep(
                 )
                 session.add(action)
                 created.append(action.id)
+                events.append(audit.action_created(action, at=now))
                 sweep.held += item.state == "held"
+            audit.record_many(session, events)
             sweep.actions = len(created)
             sweep.finished_at = now
             if not created and trigger == "registration":
@@ -177,6 +183,13 @@ def new_action(
     )
 
 
+def add_action(session: Session, action: Action, now: datetime) -> Action:
+    """Put a new action in the ledger, and its creation in the audit trail."""
+    session.add(action)
+    audit.record_many(session, [audit.action_created(action, at=now)])
+    return action
+
+
 def get_action(session: Session, action_id: str) -> Action:
     action = session.get(Action, action_id)
     if action is None:
@@ -223,31 +236,47 @@ def approve_action(session: Session, action_id: str, actor: str, now: datetime) 
     """Release a held delete. Approving one that is no longer held is a no-op."""
     action = get_action(session, action_id)
     if action.state == "held":
-        _release(action, actor, now)
+        _release(session, action, actor, now)
         session.flush()
     return action
 
 
-def _release(action: Action, actor: str, now: datetime) -> None:
+def _approved(action: Action, actor: str, now: datetime) -> dict[str, Any]:
+    return audit.action_event(
+        action,
+        "approved",
+        at=now,
+        actor=actor,
+        before={"state": "held"},
+        after={"state": "pending", "approved_by": actor},
+    )
+
+
+def _release(session: Session, action: Action, actor: str, now: datetime) -> None:
     action.state = "pending"
     action.due_at = now
     action.updated_at = now
     action.approved_by = actor
+    audit.record_many(session, [_approved(action, actor, now)])
 
 
 def approve_sweep(session: Session, sweep_id: str, actor: str, now: datetime) -> list[str]:
     if session.get(Sweep, sweep_id) is None:
         raise NotFound(f"no sweep has id {sweep_id!r}", field="sweep_id")
-    ids = list(
+    held = list(
         session.execute(
-            select(Action.id).where(Action.sweep_id == sweep_id, Action.state == "held")
+            select(Action)
+            .where(Action.sweep_id == sweep_id, Action.state == "held")
+            .with_for_update()  # what is approved is exactly what is audited
         ).scalars()
     )
+    ids = [a.id for a in held]
     session.execute(
         update(Action)
-        .where(Action.id.in_(ids))
+        .where(Action.id.in_(ids), Action.state == "held")
         .values(state="pending", due_at=now, updated_at=now, approved_by=actor)
     )
+    audit.record_many(session, [_approved(a, actor, now) for a in held])
     return ids
 
 
@@ -278,7 +307,7 @@ def request_delete(session: Session, checkpoint_id: str, actor: str, now: dateti
     existing = _open_action(session, checkpoint_id, "delete", None)
     if existing is not None:
         if existing.state == "held":  # held by a policy's blast radius: asking approves it
-            _release(existing, actor, now)
+            _release(session, existing, actor, now)
             session.flush()
         return existing
     action = new_action(
@@ -294,13 +323,20 @@ def request_delete(session: Session, checkpoint_id: str, actor: str, now: dateti
         actor=actor,
         now=now,
     )
-    session.add(action)
+    add_action(session, action, now)
     session.flush()
     return action
 
 
 def _cancel_open(
-    session: Session, checkpoint_id: str, kind: str, now: datetime, *, busy: str, why: str
+    session: Session,
+    checkpoint_id: str,
+    kind: str,
+    now: datetime,
+    *,
+    actor: str,
+    busy: str,
+    why: str,
 ) -> None:
     """Cancel the checkpoint's open actions of `kind`; Conflict (`busy`) if one is running."""
     actions = list(
@@ -314,11 +350,23 @@ def _cancel_open(
     )
     if any(a.state == "running" for a in actions):
         raise Conflict(busy, field="state")
+    events = []
     for action in actions:
+        events.append(
+            audit.action_event(
+                action,
+                "cancelled",
+                at=now,
+                actor=actor,
+                before={"state": action.state},
+                after={"state": "cancelled", "error": why},
+            )
+        )
         action.state = "cancelled"
         action.error = why
         action.updated_at = now
         action.finished_at = now
+    audit.record_many(session, events)
     session.flush()
 
 
@@ -332,6 +380,7 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
             checkpoint_id,
             "delete",
             now,
+            actor=actor,
             busy="it is being moved to the trash right now; try again",
             why="withdrawn by undelete",
         )
@@ -345,12 +394,25 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
         checkpoint_id,
         "purge",
         now,
+        actor=actor,
         busy="its bytes are being purged right now",
         why="withdrawn by undelete",
     )
     checkpoint.state = "active"
     checkpoint.trashed_at = None
     checkpoint.updated_by = actor
+    audit.record(
+        session,
+        actor=actor,
+        entity="checkpoint",
+        entity_id=checkpoint.id,
+        event="undeleted",
+        at=now,
+        checkpoint_id=checkpoint.id,
+        run_id=checkpoint.run_id,
+        before={"state": "trashed"},
+        after={"state": "active"},
+    )
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
@@ -391,7 +453,7 @@ def request_restore(
         now=now,
         due_at=at if at is not None and at > now else now,
     )
-    session.add(action)
+    add_action(session, action, now)
     session.flush()
     return action
 
@@ -414,7 +476,7 @@ def enqueue_due_purges(
     for checkpoint_id, run_id, size in rows:
         if _open_action(session, checkpoint_id, "purge", None) is not None:
             continue
-        session.add(purge_action(session, checkpoint_id, run_id, size, now))
+        add_action(session, purge_action(session, checkpoint_id, run_id, size, now), now)
         created += 1
     session.flush()
     return created

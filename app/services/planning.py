@@ -1,4 +1,5 @@
-"""Dry-run plans over the catalog: the engine per run, plus the blast-radius hold."""
+"""Dry-run plans over the catalog: the engine per run, less the demotions not worth their
+early-deletion penalty, plus the blast-radius hold."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.cost.early_deletion import ActionCost, planned_action_cost, skip_costly_demotions
+from app.cost.prices import effective_price
 from app.db.models import Action, Run
 from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
@@ -29,6 +32,9 @@ class PlanItem:
     action: PlannedAction
     state: str  # held | pending, or the state of the open action already in the ledger
     open_action_id: str | None = None
+    # One-off charges at the tiers' prices (retrieval, egress, early deletion, requests);
+    # computed for explained plans (dry runs), None in a sweep.
+    cost: ActionCost | None = None
 
 
 @dataclass
@@ -36,6 +42,10 @@ class CatalogPlan:
     items: list[PlanItem] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+
+    def fees_usd(self) -> float:
+        """The one-off charges of every planned action whose cost was computed."""
+        return sum(i.cost.total_usd for i in self.items if i.cost is not None)
 
     def totals(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {
@@ -133,8 +143,10 @@ def _plan(
     scope = load_scope(session, project=project, run_id=run_id, projects=projects)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
+    prices = {t.name: effective_price(t) for t in tiers}
     plan = CatalogPlan()
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
+    costs: dict[tuple[str, str, str | None], ActionCost] = {}
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
@@ -154,6 +166,22 @@ def _plan(
             resumed_by_active=scope.resumed_by_active,
             explain=explain,
         )
+        result = skip_costly_demotions(
+            result,
+            governing,
+            run,
+            checkpoints,
+            now,
+            tier_ranks=ranks,
+            prices=prices,
+            resumed_by_active=scope.resumed_by_active,
+        )
+        if explain and result.actions:
+            by_id = {c.id: c for c in checkpoints}
+            for a in result.actions:
+                costs[a.checkpoint_id, a.kind, a.to_tier] = planned_action_cost(
+                    a, by_id[a.checkpoint_id], prices, now
+                )
         per_project[run.project].extend(result.actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
@@ -170,9 +198,11 @@ def _plan(
             scope.project_totals.get(project_name, (0, 0)),
         )
         for a in actions:
-            open_action = existing.get((a.checkpoint_id, a.kind, a.to_tier))
+            key = (a.checkpoint_id, a.kind, a.to_tier)
+            open_action = existing.get(key)
             if open_action is not None:
-                plan.items.append(PlanItem(a, open_action.state, open_action.id))
+                plan.items.append(PlanItem(a, open_action.state, open_action.id, costs.get(key)))
             else:
-                plan.items.append(PlanItem(a, "held" if held and a.kind == "delete" else "pending"))
+                state = "held" if held and a.kind == "delete" else "pending"
+                plan.items.append(PlanItem(a, state, cost=costs.get(key)))
     return plan

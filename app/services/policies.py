@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,8 @@ from app.db.models import PolicyRow
 from app.domain.access import POLICY_FILES_ACTOR
 from app.domain.errors import Invalid, NotFound
 from app.policy.schema import Policy
-from app.services.upsert import upsert
+from app.services import audit
+from app.services.upsert import insert_ignoring_conflicts
 
 log = logging.getLogger("app.policies")
 
@@ -109,18 +110,59 @@ def store_policy(
 ) -> PolicyRow:
     """Insert or replace the policy of that name, recording `actor` (by default the loader
     of the policy files). Idempotent, and safe when several replicas load the same files at
-    the same moment (one upsert statement)."""
+    the same moment: the insert ignores a conflict, and the replacement locks the row it
+    compares, so a change is audited once and a file loaded again unchanged not at all."""
+    document = to_document(policy)
     values = {
         "name": policy.name,
-        "document": to_document(policy),
+        "document": document,
         "source": source,
         "updated_at": now,
         "updated_by": actor,
     }
-    session.execute(upsert(session, PolicyRow, index="name", values=values))
-    row = session.get(PolicyRow, policy.name, populate_existing=True)
-    assert row is not None
+    inserted = session.execute(
+        insert_ignoring_conflicts(session, PolicyRow)
+        .values(**values)
+        .returning(PolicyRow.__table__.c.name)
+    ).first()
+    row = session.execute(
+        select(PolicyRow)
+        .where(PolicyRow.name == policy.name)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if inserted is not None:
+        _audit(
+            session, row.name, "created", actor, now, None, {"document": document, "source": source}
+        )
+        return row
+    before = {"document": row.document}
+    row.document, row.source, row.updated_at, row.updated_by = document, source, now, actor
+    session.flush()
+    if before["document"] != document:
+        _audit(session, row.name, "updated", actor, now, before, {"document": document})
     return row
+
+
+def _audit(
+    session: Session,
+    name: str,
+    event: str,
+    actor: str,
+    now: datetime,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    audit.record(
+        session,
+        actor=actor,
+        entity="policy",
+        entity_id=name,
+        event=event,
+        at=now,
+        before=before,
+        after=after,
+    )
 
 
 def get_policy_row(session: Session, name: str) -> PolicyRow:
@@ -134,10 +176,13 @@ def list_policy_rows(session: Session) -> list[PolicyRow]:
     return list(session.execute(select(PolicyRow).order_by(PolicyRow.name)).scalars())
 
 
-def delete_policy(session: Session, name: str, *, actor: str) -> None:
-    """The row goes; the log keeps who removed it."""
-    session.delete(get_policy_row(session, name))
+def delete_policy(session: Session, name: str, *, actor: str, now: datetime | None = None) -> None:
+    """The row goes; the audit trail keeps what it was and who removed it."""
+    row = get_policy_row(session, name)
+    before = {"document": row.document, "source": row.source}
+    session.delete(row)
     session.flush()
+    _audit(session, name, "deleted", actor, now or datetime.now(UTC), before, None)
     log.info("policy deleted", extra={"policy": name, "actor": actor})
 
 

@@ -23,7 +23,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import google_crc32c
 from sqlalchemy import select, update
@@ -32,7 +32,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import metrics
 from app.db.models import Action, Checkpoint, Location
 from app.db.session import session_scope
+from app.domain.access import RECONCILE_ACTOR
 from app.domain.tier import Tier
+from app.services import audit
 from app.services.planning import OPEN_STATES
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
@@ -235,8 +237,11 @@ def _problem(
     return problem
 
 
-def record_health(factory: sessionmaker[Session], report: Report) -> None:
-    """Mark drifted checkpoints, clear those a scan found whole, and tell the admins."""
+def record_health(
+    factory: sessionmaker[Session], report: Report, *, actor: str, now: datetime
+) -> None:
+    """Mark drifted checkpoints, clear those a scan found whole, audit both, and tell the
+    admins."""
     problems: dict[str, str] = {}
     for d in report.drift:
         problems.setdefault(d.checkpoint_id, f"{d.problem} at {d.uri}")
@@ -251,13 +256,43 @@ def record_health(factory: sessionmaker[Session], report: Report) -> None:
                 .where(Checkpoint.id == checkpoint_id)
                 .values(health="drift", health_detail=problem)
             )
-        healed = was_drifting - set(problems)
-        if healed and not skipped:  # an unreachable tier proves nothing either way
+        healed = was_drifting - set(problems) if not skipped else set()
+        # (an unreachable tier proves nothing either way: nobody is cleared then)
+        if healed:
             session.execute(
                 update(Checkpoint)
                 .where(Checkpoint.id.in_(healed))
                 .values(health="ok", health_detail=None)
             )
+        changed = (set(problems) - was_drifting) | healed
+        runs: dict[str, str] = {
+            checkpoint_id: run_id
+            for checkpoint_id, run_id in session.execute(
+                select(Checkpoint.id, Checkpoint.run_id).where(Checkpoint.id.in_(changed))
+            )
+        }
+        audit.record_many(
+            session,
+            [
+                audit.new_event(
+                    actor=actor,
+                    entity="checkpoint",
+                    entity_id=checkpoint_id,
+                    event="healed" if checkpoint_id in healed else "drifted",
+                    at=now,
+                    checkpoint_id=checkpoint_id,
+                    run_id=runs.get(checkpoint_id),
+                    before={"health": "drift" if checkpoint_id in healed else "ok"},
+                    after=(
+                        {"health": "ok"}
+                        if checkpoint_id in healed
+                        else {"health": "drift", "health_detail": problems[checkpoint_id]}
+                    ),
+                    reason="reconciliation",
+                )
+                for checkpoint_id in sorted(changed)
+            ],
+        )
     for checkpoint_id, problem in problems.items():
         if checkpoint_id not in was_drifting:
             log.warning(
@@ -267,10 +302,16 @@ def record_health(factory: sessionmaker[Session], report: Report) -> None:
     metrics.reconciled(len(report.orphans), len(problems), report.scanned_objects)
 
 
-def reconcile(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = False) -> Report:
+def reconcile(
+    factory: sessionmaker[Session],
+    tiers: list[Tier],
+    *,
+    deep: bool = False,
+    actor: str = RECONCILE_ACTOR,
+) -> Report:
     """Scan, then record the checkpoints' health: the scheduled job and `GET /v1/reconcile`."""
     report = scan(factory, tiers, deep=deep)
-    record_health(factory, report)
+    record_health(factory, report, actor=actor, now=datetime.now(UTC))
     log.info(
         "reconciled",
         extra={

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Project, Run
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
+from app.services import audit
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.upsert import insert_ignoring_conflicts
 
@@ -93,7 +94,30 @@ def create_run(
     run = session.execute(
         select(Run).where(Run.project_id == project_id, Run.name == name)
     ).scalar_one()
-    return RunView(run, project), run.id == run_id
+    created = run.id == run_id
+    if created:  # not when a concurrent request created it first
+        audit.record(
+            session,
+            actor=actor,
+            entity="run",
+            entity_id=run.id,
+            event="created",
+            at=now,
+            run_id=run.id,
+            after={"project": project, "name": name, **_audited(run)},
+        )
+    return RunView(run, project), created
+
+
+def _audited(run: Run) -> dict[str, Any]:
+    """The fields of a run that a PATCH changes."""
+    return {
+        "status": run.status,
+        "labels": dict(run.labels),
+        "policy": run.policy,
+        "resumed_from": run.resumed_from,
+        "ended_at": run.ended_at,
+    }
 
 
 def get_run(session: Session, run_id: str) -> RunView:
@@ -150,6 +174,7 @@ def update_run(
     `projects` bounds the checkpoints `resumed_from` may name (None: any)."""
     view = get_run(session, run_id)
     run = view.run
+    was = _audited(run)
     if "resumed_from" in changes:
         _check_resumed_from(session, changes["resumed_from"], projects)
     status = changes.get("status") or run.status
@@ -173,5 +198,18 @@ def update_run(
     run.status = status
     run.updated_by = actor
     run.evaluate_requested_at = run.evaluate_requested_at or now
+    before, after = audit.diff(was, _audited(run))
+    if after:
+        audit.record(
+            session,
+            actor=actor,
+            entity="run",
+            entity_id=run.id,
+            event="updated",
+            at=now,
+            run_id=run.id,
+            before=before,
+            after=after,
+        )
     session.flush()
     return view

@@ -24,6 +24,7 @@ from app.db.models import Token
 from app.domain.access import ALL_PROJECTS, SCOPES, Principal, token_principal
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
+from app.services import audit
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.upsert import insert_ignoring_conflicts
 
@@ -115,6 +116,7 @@ def create_token(
     )
     session.add(token)
     session.flush()
+    _audit_created(session, token)
     log.info(
         "token created",
         extra={"token_id": token.id, "token_name": name, "scopes": scope_list, "actor": actor},
@@ -150,7 +152,23 @@ def ensure_token(
     )
     session.execute(stmt)
     token = session.execute(select(Token).where(Token.secret_hash == digest)).scalar_one()
-    return token, token.id == token_id
+    created = token.id == token_id
+    if created:
+        _audit_created(session, token)
+    return token, created
+
+
+def _audit_created(session: Session, token: Token) -> None:
+    """What the token may do; never its secret nor the secret's hash."""
+    audit.record(
+        session,
+        actor=token.created_by,
+        entity="token",
+        entity_id=token.id,
+        event="created",
+        at=token.created_at,
+        after={"name": token.name, "scopes": token.scopes, "projects": token.projects},
+    )
 
 
 def get_token(session: Session, token_id: str) -> Token:
@@ -184,6 +202,16 @@ def revoke_token(session: Session, *, token_id: str, actor: str, now: datetime) 
         token.revoked_at = now
         token.revoked_by = actor
         session.flush()
+        audit.record(
+            session,
+            actor=actor,
+            entity="token",
+            entity_id=token.id,
+            event="revoked",
+            at=now,
+            before={"revoked_at": None},
+            after={"revoked_at": now},
+        )
         log.info(
             "token revoked",
             extra={"token_id": token.id, "token_name": token.name, "actor": actor},

@@ -35,9 +35,9 @@ from tests.builders import (
     tree,
     write_checkpoint,
 )
-from tests.storage.gcs_server import GcsEndpoint, fake_gcs  # noqa: F401
+from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
-from tests.storage.s3_servers import S3Endpoint, moto_s3  # noqa: F401
+from tests.storage.s3_servers import SECRET_KEY, S3Endpoint
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
 DEFAULT_POLICY = (Path(__file__).parents[2] / "policies" / "default.yaml").read_text()
@@ -95,7 +95,7 @@ class Buckets:
 
 
 @pytest.fixture
-def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:  # noqa: F811
+def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:
     return Buckets(moto_s3, fake_gcs)
 
 
@@ -401,7 +401,7 @@ def test_a_slow_restore_is_polled_at_least_every_30_seconds(
     app: FastAPI,
     data_dir: Path,
     buckets: Buckets,
-    moto_s3: S3Endpoint,  # noqa: F811
+    moto_s3: S3Endpoint,
 ) -> None:
     """moto's state manager keeps the restore in progress for a few looks, as S3 would for
     hours: the action waits (no attempt spent) and is polled again within 30 s each time."""
@@ -465,7 +465,7 @@ def test_credentials_never_reach_the_ledger_the_logs_or_the_api(
 ) -> None:
     """A move into a bucket that does not exist fails with the provider's error; neither
     that error, nor the logs, nor any response carries the keys the client signed with."""
-    from tests.storage.s3_servers import ACCESS_KEY, SECRET_KEY
+    from tests.storage.s3_servers import ACCESS_KEY
 
     buckets.s3.delete_bucket(Bucket=buckets.cold)
     put_policy(

@@ -147,6 +147,15 @@ def test_missing_and_changed_files_are_drift_and_mark_the_checkpoint_until_fixed
     reconcile(client, deep=True)
     assert fetch_checkpoint(client, gone["id"])["health"] == "ok"
     assert fetch_checkpoint(client, grown["id"])["health"] == "drift"
+    # both changes of health are in the audit trail, once each, with who asked and why
+    trail = client.get("/v1/audit", params={"checkpoint_id": gone["id"]}).json()["items"]
+    health = [(e["event"], e["actor"], e["reason"], e["after"]) for e in trail]
+    health = [h for h in health if h[0] in ("drifted", "healed")]
+    assert [(event, actor, reason) for event, actor, reason, _ in health] == [
+        ("drifted", "anonymous", "reconciliation"),
+        ("healed", "anonymous", "reconciliation"),
+    ]
+    assert health[0][3]["health"] == "drift" and "missing" in health[0][3]["health_detail"]
 
 
 def test_what_is_being_written_or_moved_is_no_orphan(

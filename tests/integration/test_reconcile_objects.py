@@ -19,16 +19,16 @@ from google.cloud import storage as gcs
 from app.services.reconcile import delete_orphans
 from app.settings import Settings
 from tests.builders import fetch_checkpoint, make_run, register
-from tests.storage.gcs_server import GcsEndpoint, fake_gcs  # noqa: F401
+from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
-from tests.storage.s3_servers import S3Endpoint, moto_s3  # noqa: F401
+from tests.storage.s3_servers import S3Endpoint
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
 FILES = {"model.bin": b"weights " * 100, "optim.bin": b"moments " * 100}
 
 
 @pytest.fixture
-def places(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> dict[str, Any]:  # noqa: F811
+def places(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> dict[str, Any]:
     return {
         "s3_url": moto_s3.url,
         "s3_bucket": new_s3_bucket(moto_s3, "rec"),

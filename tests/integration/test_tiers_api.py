@@ -38,12 +38,11 @@ def test_default_tiers_in_rank_order(client: TestClient, data_dir: Path) -> None
         assert tier["url"] == f"file://{(data_dir / tier['name']).resolve()}"
         assert tier["usage"] == {"bytes": 0, "checkpoints": 0}
         assert tier["storage_class"] is None
-        assert set(tier["price"]) == {
-            "storage_gb_month",
-            "retrieval_gb",
-            "egress_gb",
-            "min_storage_days",
-        }
+        price = tier["price"]
+        assert {"storage_gb_month", "retrieval_gb", "egress_gb", "min_storage_days"} <= set(price)
+        # a local tier costs nothing unless the operator prices it
+        assert price["storage_gb_month"] == 0 and price["min_storage_days"] == 0
+        assert price["provider"] == "local" and price["catalog"] is None and price["given"] == []
         assert (data_dir / tier["name"]).is_dir()  # local tier directories exist at start
 
 
@@ -132,12 +131,18 @@ def test_a_tiers_file_lists_its_tiers_in_file_order(
     assert items[1]["price"]["storage_gb_month"] == 0.08
     assert items[2]["url"] == "s3://ckpt-cold/prod"
     assert items[2]["storage_class"] == "GLACIER_IR"
-    assert items[2]["price"] == {
+    glacier = items[2]["price"]
+    assert {k: glacier[k] for k in ("storage_gb_month", "retrieval_gb", "egress_gb")} == {
         "storage_gb_month": 0.004,
         "retrieval_gb": 0.03,
         "egress_gb": 0.09,
-        "min_storage_days": 90,
     }
+    assert glacier["min_storage_days"] == 90
+    # the figures the tiers file leaves out come from the catalog entry, with their source
+    assert glacier["catalog"] == "aws/GLACIER_IR"
+    assert glacier["min_object_bytes"] == 128 * 1024
+    assert glacier["sources"]["min_object_bytes"]["url"].startswith("https://aws.amazon.com/")
+    assert "storage_gb_month" not in glacier["sources"]  # the operator's own figure
 
 
 def test_the_longest_tier_prefix_wins(tiers_client: tuple[TestClient, Path]) -> None:

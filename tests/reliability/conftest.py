@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.reliability.harness import World, make_world
-from tests.storage.gcs_server import GcsEndpoint, anonymous_client, fake_gcs  # noqa: F401
+from tests.storage.gcs_server import GcsEndpoint, anonymous_client
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
-from tests.storage.s3_servers import S3Endpoint, moto_s3, s3_client  # noqa: F401
+from tests.storage.s3_servers import S3Endpoint, s3_client
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
 
@@ -21,8 +21,8 @@ def local_world(tmp_path_factory: pytest.TempPathFactory) -> World:
 @pytest.fixture(scope="module")
 def object_world(
     tmp_path_factory: pytest.TempPathFactory,
-    moto_s3: S3Endpoint,  # noqa: F811
-    fake_gcs: GcsEndpoint,  # noqa: F811
+    moto_s3: S3Endpoint,
+    fake_gcs: GcsEndpoint,
 ) -> World:
     """`hot` and `cold` on local directories; `s3` (STANDARD) and `s3ia` (STANDARD_IA) on one
     S3 bucket prefix; `glacier` (GLACIER: restored before it is read) on another bucket;

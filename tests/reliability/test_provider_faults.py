@@ -60,9 +60,9 @@ from tests.builders import (
 )
 from tests.figures import FIGURES
 from tests.storage.faulty_proxy import FaultyProxy
-from tests.storage.gcs_server import GcsEndpoint, anonymous_client, fake_gcs  # noqa: F401
+from tests.storage.gcs_server import GcsEndpoint, anonymous_client
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
-from tests.storage.s3_servers import S3Endpoint, moto_s3, s3_client  # noqa: F401
+from tests.storage.s3_servers import S3Endpoint, s3_client
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
 if TYPE_CHECKING:
@@ -90,13 +90,13 @@ rules:
 
 
 @pytest.fixture
-def s3_proxy(moto_s3: S3Endpoint) -> Iterator[FaultyProxy]:  # noqa: F811
+def s3_proxy(moto_s3: S3Endpoint) -> Iterator[FaultyProxy]:
     with FaultyProxy(moto_s3.url, stall=STALL) as proxy:
         yield proxy
 
 
 @pytest.fixture
-def gcs_proxy(fake_gcs: GcsEndpoint) -> Iterator[FaultyProxy]:  # noqa: F811
+def gcs_proxy(fake_gcs: GcsEndpoint) -> Iterator[FaultyProxy]:
     with FaultyProxy(fake_gcs.url, dialect="gcs", stall=STALL) as proxy:
         yield proxy
 
@@ -141,7 +141,7 @@ class Buckets:
 
 
 @pytest.fixture
-def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:  # noqa: F811
+def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:
     return Buckets(new_s3_bucket(moto_s3, "faults"), new_gcs_bucket(fake_gcs, "faults"))
 
 
@@ -298,8 +298,8 @@ class Guard:
 def guard(
     app: FastAPI,
     monkeypatch: pytest.MonkeyPatch,
-    moto_s3: S3Endpoint,  # noqa: F811
-    fake_gcs: GcsEndpoint,  # noqa: F811
+    moto_s3: S3Endpoint,
+    fake_gcs: GcsEndpoint,
 ) -> Guard:
     tiers: list[Tier] = app.state.tiers
     watch = Guard(app, Direct(tiers, moto_s3, fake_gcs))

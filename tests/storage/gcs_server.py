@@ -1,7 +1,8 @@
 """fake-gcs-server for the GCS adapter's tests: one in-memory server per test process.
 
-Use it by importing the fixture into a test module:
-`from tests.storage.gcs_server import fake_gcs  # noqa: F401`. Under pytest-xdist each
+tests/conftest.py registers this module as a plugin, so every test can ask for `fake_gcs`
+and they all share one server. (Importing the fixture into modules would make a fixture, and
+a server, per module, and each would reset STORAGE_EMULATOR_HOST.) Under pytest-xdist each
 worker starts its own server on a free port.
 """
 

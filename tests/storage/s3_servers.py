@@ -1,7 +1,7 @@
 """Real S3 servers for the storage tests: moto's server and `rclone serve s3`.
 
-Session-scoped, so each xdist worker starts its own on free ports. Import the fixtures
-into a test module: `from tests.storage.s3_servers import moto_s3, rclone_s3  # noqa: F401`.
+Session-scoped, so each xdist worker starts its own on free ports. tests/conftest.py
+registers this module as a plugin: every test can ask for `moto_s3` or `rclone_s3`.
 """
 
 from __future__ import annotations

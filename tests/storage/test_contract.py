@@ -15,9 +15,9 @@ from app.storage.gcs import GcsStorage
 from app.storage.local import LocalStorage
 from app.storage.s3 import S3Storage
 from app.storage.transfer import bytes_through, copy_files, verify_files
-from tests.storage.gcs_server import GcsEndpoint, fake_gcs  # noqa: F401
+from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
-from tests.storage.s3_servers import S3Endpoint, moto_s3, rclone_s3  # noqa: F401
+from tests.storage.s3_servers import S3Endpoint
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
 MiB = 1024 * 1024

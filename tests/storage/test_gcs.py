@@ -39,7 +39,6 @@ from app.storage.retry import ATTEMPTS
 from tests.storage.gcs_server import (
     GcsEndpoint,
     anonymous_client,
-    fake_gcs,  # noqa: F401
     new_bucket,
 )
 
@@ -76,7 +75,7 @@ class RequestLog:
 
 
 @pytest.fixture
-def endpoint(fake_gcs: GcsEndpoint) -> GcsEndpoint:  # noqa: F811
+def endpoint(fake_gcs: GcsEndpoint) -> GcsEndpoint:
     return fake_gcs
 
 

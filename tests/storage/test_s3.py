@@ -4,7 +4,6 @@ the adapter's own client. Nothing of ours is mocked; only the retry backoff and,
 test, the listing page size are turned down."""
 
 # Fixtures imported from s3_servers are named again by the tests that use them.
-# ruff: noqa: F811
 
 from __future__ import annotations
 
@@ -33,13 +32,11 @@ from app.storage.base import (
 from app.storage.limits import MiB
 from app.storage.s3 import S3Storage
 from tests.storage.faulty_proxy import FaultyProxy
-from tests.storage.s3_servers import (  # noqa: F401
+from tests.storage.s3_servers import (
     S3Endpoint,
     dummy_credentials,
     free_port,
-    moto_s3,
     new_bucket,
-    rclone_s3,
     s3_client,
 )
 

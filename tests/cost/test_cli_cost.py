@@ -1,0 +1,151 @@
+"""`ckpt report`, `ckpt forecast` and `ckpt planner` as an operator runs them, on a SQLite
+catalog with the shipped default policy: readable tables, JSON, and the forecast chart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner, Result
+
+from app.cli_cost import register
+from app.settings import Settings
+from tests.cost.helpers import SHIPPED_POLICY
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> typer.Typer:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    shutil.copy(SHIPPED_POLICY, policies / "default.yaml")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ckpt.db'}",
+        data_dir=tmp_path / "data",
+        policies_dir=policies,
+        auth="off",
+    )
+    cli = typer.Typer()
+    register(cli, lambda: settings)
+    return cli
+
+
+def run(cli: typer.Typer, *args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"})
+
+
+def test_forecast_prints_the_worked_example_and_draws_it(ckpt: typer.Typer, tmp_path: Path) -> None:
+    chart = tmp_path / "out" / "forecast.png"
+
+    result = run(
+        ckpt, "forecast", "--checkpoint-bytes", "1e12", "--run-days", "45",
+        "--price", "*=0.023", "--chart", str(chart),
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    assert "at run end: 49.0 TB, $1,127.00/month" in result.output
+    assert "keeping everything: 406.0 TB, $9,338.00/month" in result.output
+    assert chart.read_bytes().startswith(PNG)
+
+
+def test_forecast_as_json_for_twenty_runs_of_a_70b_model(ckpt: typer.Typer, tmp_path: Path) -> None:
+    result = run(
+        ckpt, "forecast", "--parameters", "70e9", "--bytes-per-parameter", "12",
+        "--run-days", "45", "--concurrent-runs", "20", "--price", "*=0.023", "--json",
+        "--no-chart", "--chart", str(tmp_path / "unwanted.png"),
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["checkpoint_bytes"] == 840 * 10**9  # 70B at 12 bytes per parameter
+    assert body["at_run_end"]["bytes"] == 20 * 49 * 840 * 10**9
+    assert body["at_run_end"]["usd_month"] == pytest.approx(22_540.0 * 0.84)
+    assert not (tmp_path / "unwanted.png").exists()
+
+
+def test_forecast_from_a_policy_file_with_a_catalog_price(
+    ckpt: typer.Typer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "what-if.yaml"
+    policy.write_text(
+        "name: what-if\nrules:\n"
+        "  - {name: roll, class: rolling, keep_last: 2, action: delete}\n"
+        "  - {name: cool, class: milestone, when: {run_ended: 1d}, action: {move_to: cold}}\n"
+    )
+
+    result = run(
+        ckpt, "forecast", "--checkpoint-bytes", "1e12", "--run-days", "10",
+        "--schedule", "rolling=6h", "--schedule", "milestone=1d", "--policy", str(policy),
+        "--price", "hot=aws/STANDARD", "--price", "cold=aws/GLACIER_IR", "--json", "--no-chart",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["policy"] == "what-if"
+    assert body["at_run_end"]["bytes"] == (2 + 10) * 10**12
+    assert body["series"][-1]["bytes_by_tier"]["cold"] == 10 * 10**12
+    assert body["prices"]["cold"]["catalog"] == "aws/GLACIER_IR"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run-days", "45"], "checkpoint_bytes"),
+        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--policy", "nope"], "no policy"),
+        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--schedule", "rolling"], "NAME=VALUE"),
+        (["--checkpoint-bytes", "1.5", "--run-days", "45"], "whole number"),
+        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--price", "moon=1"], "moon"),
+    ],
+)
+def test_forecast_refuses_bad_input(ckpt: typer.Typer, args: list[str], message: str) -> None:
+    result = run(ckpt, "forecast", "--no-chart", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_planner(ckpt: typer.Typer) -> None:
+    result = run(
+        ckpt, "planner", "--parameters", "70e9", "--interval", "1h", "--allowed-overlap", "0.1",
+        "--write-seconds", "60", "--mtbf", "24h", "--checkpoints", "1000", "--gpus", "8",
+        "--usd-per-gpu-hour", "4.06",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    assert "checkpoint size: 980.0 GB (14 bytes per parameter)" in result.output
+    assert "write bandwidth: 2.7 GB/s" in result.output
+    assert "Young/Daly interval: 3,220 s" in result.output
+    assert "synchronous stall: 133.3 GPU-hours" in result.output
+    assert "synchronous stall cost: $541.33" in result.output
+
+
+def test_planner_json_and_refusals(ckpt: typer.Typer) -> None:
+    result = run(ckpt, "planner", "--parameters", "405e9", "--recipe", "fp32-master-adam", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "bytes_per_parameter": 12.0,
+        "checkpoint_bytes": 4_860_000_000_000,
+        "incomplete": {},
+    }
+    refused = run(ckpt, "planner", "--recipe", "fp32-master-adam")
+    assert refused.exit_code == 2 and "only with parameters" in refused.output
+
+
+def test_report(ckpt: typer.Typer) -> None:
+    table = run(ckpt, "report")
+    assert table.exit_code == 0, table.output
+    assert "cost by tier" in table.output and "total: 0 B, $0.00/month" in table.output
+
+    body = json.loads(run(ckpt, "report", "--group-by", "class", "--json").stdout)
+    assert body == {
+        "group_by": "class",
+        "rows": [],
+        "total_bytes": 0,
+        "total_usd_month": 0.0,
+        "prices": body["prices"],
+    }
+    assert set(body["prices"]) == {"hot", "warm", "cold", "archive"}
+    assert run(ckpt, "report", "--group-by", "colour").exit_code == 2
