@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench bench-register bench-sweep bench-transfer clean
+.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -n 2 --dist loadfile
+
+# Two schedulers and four workers on PostgreSQL over 50,000 actions (`make test` runs 10,000).
+soak: $(STAMP)
+	CKPT_TEST_CONCURRENCY_RUNS=$${CKPT_TEST_CONCURRENCY_RUNS:-5000} CKPT_TEST_REQUIRE_POSTGRES=true \
+		$(BIN)/pytest -p no:xdist tests/reliability/test_many_processes.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tests bench
