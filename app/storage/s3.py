@@ -681,16 +681,28 @@ class S3Storage:
         self, object_key: str, upload_id: str, parts: list[CompletedPartTypeDef], what: str
     ) -> None:
         parts.sort(key=lambda part: part["PartNumber"])
-        self._request(
-            f"CompleteMultipartUpload ({what})",
-            partial(
-                self.client.complete_multipart_upload,
-                Bucket=self.bucket,
-                Key=object_key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-            ),
-        )
+        attempts = 0
+
+        def complete() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=object_key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+            except ClientError as error:
+                # A retry whose first attempt completed the upload but lost its answer: the
+                # upload is gone because the object exists. (What it holds is verified
+                # against the source before anything is removed.)
+                if _code(error) != "NoSuchUpload" or attempts == 1:
+                    raise
+                if self._head(object_key) is None:
+                    raise
+
+        self._request(f"CompleteMultipartUpload ({what})", complete)
 
     def _abort(self, object_key: str, upload_id: str) -> bool:
         """Abort one upload; False when it was already gone (aborted, completed, expired)."""

@@ -571,6 +571,26 @@ def test_upload_survives_transient_failures(
         stream.read()  # a body cut short is worth another try, like a failed request
 
 
+@pytest.mark.parametrize("server", ["moto_s3", "rclone_s3"])
+def test_a_lost_answer_to_a_completed_multipart_upload_is_no_failure(
+    server: str, request: pytest.FixtureRequest, instant_backoff: None
+) -> None:
+    """The server completes the upload but its answer is cut short. Retried, rclone (as S3
+    may) says the upload does not exist, because it was completed; moto completes it
+    again. Either way the upload succeeds and the object is there whole."""
+    endpoint: S3Endpoint = request.getfixturevalue(server)
+    with FaultyProxy(endpoint.url) as proxy:
+        storage = S3Storage(
+            new_bucket(endpoint), "t", endpoint_url=proxy.url, part_size=PART, single_put_max=PART
+        )
+        proxy.fail(1, "truncate", method="POST", query="uploadId")  # CompleteMultipartUpload
+        data = os.urandom(2 * PART + 1)
+        storage.upload("big", io.BytesIO(data), len(data))
+        assert proxy.count("POST", "uploadId") == 2
+        assert read_all(storage, "big") == data
+        assert storage.abort_uploads("") == 0
+
+
 def test_copy_and_delete_survive_transient_failures(
     proxy: FaultyProxy,
     moto_s3: S3Endpoint,
