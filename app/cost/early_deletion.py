@@ -304,6 +304,25 @@ def _reason(a: PlannedAction, remover: str, verdict: Verdict, target: PriceQuote
     )
 
 
+def describe_charges(cost: ActionCost) -> str | None:
+    """`about $X (retrieval $a, egress $b, requests $c)`, the parts that are not zero; None
+    when the action is free at the tiers' prices."""
+    parts = [
+        (name, amount)
+        for name, amount in (
+            ("retrieval", cost.retrieval_usd),
+            ("egress", cost.egress_usd),
+            ("early deletion", cost.early_deletion_usd),
+            ("requests", cost.requests_usd),
+        )
+        if amount > 0
+    ]
+    if not parts:
+        return None
+    detail = ", ".join(f"{name} {_usd(amount)}" for name, amount in parts)
+    return f"about {_usd(cost.total_usd)} ({detail})"
+
+
 def _usd(amount: float) -> str:
     return f"${amount:,.2f}" if amount == 0 or abs(amount) >= 0.01 else f"${amount:.2g}"
 

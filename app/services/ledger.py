@@ -15,6 +15,8 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
+from app.cost.early_deletion import action_cost, describe_charges
+from app.cost.prices import effective_price
 from app.db.models import Action, Checkpoint, Project, Run, Sweep
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
 from app.domain.errors import Conflict, Invalid, NotFound
@@ -439,14 +441,19 @@ def request_restore(
     existing = _open_action(session, checkpoint_id, "restore", tier)
     if existing is not None:
         return existing
+    source = _primary_tier(checkpoint)
+    reason = f"restore to {tier} requested"
+    charges = _restore_charges(checkpoint, source, tier, tiers)
+    if charges is not None:
+        reason += f"; one-off charges {charges}"
     action = new_action(
         checkpoint_id=checkpoint_id,
         run_id=checkpoint.run_id,
         kind="restore",
-        from_tier=_primary_tier(checkpoint),
+        from_tier=source,
         to_tier=tier,
         rule="manual",
-        reason=f"restore to {tier} requested",
+        reason=reason,
         state="pending",
         size=checkpoint.size_bytes,
         actor=actor,
@@ -456,6 +463,24 @@ def request_restore(
     add_action(session, action, now)
     session.flush()
     return action
+
+
+def _restore_charges(
+    checkpoint: Checkpoint, source: str | None, target: str, tiers: list[Tier]
+) -> str | None:
+    """What reading the checkpoint off its tier will cost (retrieval, egress when it leaves
+    the provider's network, requests), said in the action's reason before anyone pays it."""
+    by_name = {t.name: t for t in tiers}
+    if source is None or source not in by_name:
+        return None
+    cost = action_cost(
+        "restore",
+        checkpoint.size_bytes,
+        source=effective_price(by_name[source]),
+        target=effective_price(by_name[target]),
+        objects=max(1, len(checkpoint.files or [])),
+    )
+    return describe_charges(cost)
 
 
 def _primary_tier(checkpoint: Checkpoint) -> str | None:
