@@ -199,3 +199,46 @@ def test_bytes_a_crashed_purge_left_are_orphans(
 def test_reconciliation_needs_an_admin(auth_client: TestClient, admin_client: TestClient) -> None:
     assert auth_client.get("/v1/reconcile").status_code == 401
     assert admin_client.get("/v1/reconcile").status_code == 200
+
+
+def test_the_scheduler_reconciles_on_its_own_and_only_when_asked_to(
+    client: TestClient, app: FastAPI, data_dir: Path
+) -> None:
+    from datetime import timedelta
+
+    from app.scheduler.runtime import Runtime
+
+    run = make_run(client)
+    broken = place_checkpoint(client, data_dir, run, 100)
+    (step_dir(data_dir, "hot", run, 100) / "shard-0.bin").unlink()
+
+    def scheduler(every: timedelta) -> Runtime:
+        return Runtime(
+            app.state.session_factory,
+            app.state.tiers,
+            sweep_interval=timedelta(hours=1),
+            trash_retention=timedelta(days=7),
+            reconcile_interval=every,
+            worker=False,
+            evaluator=False,
+        )
+
+    off = scheduler(timedelta(0))  # CKPT_RECONCILE_INTERVAL=0s: no periodic job at all
+    off.start()
+    try:
+        assert off._scheduler is not None
+        assert off._scheduler.get_job("reconcile") is None
+    finally:
+        off.stop()
+
+    on = scheduler(timedelta(milliseconds=200))
+    on.start()
+    try:
+        deadline = time.monotonic() + 20
+        while fetch_checkpoint(client, broken["id"])["health"] != "drift":
+            assert time.monotonic() < deadline, "the scheduled reconciliation never ran"
+            time.sleep(0.05)
+    finally:
+        on.stop()
+    trail = client.get("/v1/audit", params={"checkpoint_id": broken["id"]}).json()["items"]
+    assert [e["actor"] for e in trail if e["event"] == "drifted"] == ["system:reconcile"]

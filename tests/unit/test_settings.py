@@ -39,6 +39,7 @@ def test_documented_defaults() -> None:
     assert settings.policies_dir == Path("./policies")
     assert settings.sweep_interval == timedelta(minutes=5)
     assert settings.trash_retention == timedelta(days=7)
+    assert settings.reconcile_interval == timedelta(hours=24)
     assert settings.host == "127.0.0.1"
     assert settings.port == 8000
     assert settings.auth == "on"
@@ -82,6 +83,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         ("CKPT_SWEEP_INTERVAL", "12h", timedelta(hours=12)),
         ("CKPT_TRASH_RETENTION", "0s", timedelta(0)),
         ("CKPT_TRASH_RETENTION", "2w", timedelta(weeks=2)),
+        ("CKPT_RECONCILE_INTERVAL", "6h", timedelta(hours=6)),
+        ("CKPT_RECONCILE_INTERVAL", "0s", timedelta(0)),  # on demand only
     ],
 )
 def test_durations_are_parsed(
@@ -133,6 +136,8 @@ def test_auth_on_with_non_loopback_host_is_fine(monkeypatch: pytest.MonkeyPatch)
         ("CKPT_SWEEP_INTERVAL", "0s"),
         ("CKPT_SWEEP_INTERVAL", "5"),
         ("CKPT_TRASH_RETENTION", "-1d"),
+        ("CKPT_RECONCILE_INTERVAL", "-1h"),
+        ("CKPT_RECONCILE_INTERVAL", "daily"),
         ("CKPT_TRASH_RETENTION", "999999999w"),
         ("CKPT_PORT", "abc"),
         ("CKPT_PORT", "0"),
