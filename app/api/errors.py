@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.auth import authorize
 from app.domain.errors import AppError
 
 PROBLEM = "application/problem+json"
@@ -43,8 +44,14 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     return problem(error.status, error.title, detail, error.headers or None, **extra)
 
 
-async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
+async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
+    # FastAPI parses the body before it runs the authorization dependency: a caller who may
+    # not make this request learns that (401/403), not what is wrong with its body.
+    try:
+        await authorize(request)
+    except AppError as refused:
+        return await _app_error(request, refused)
     items = []
     malformed = False
     for item in error.errors():

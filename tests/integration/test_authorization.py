@@ -26,6 +26,7 @@ from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 from tests.builders import (
     PROBLEM_JSON,
+    assert_problem,
     issue_token,
     place_checkpoint,
     remember_secret,
@@ -307,3 +308,29 @@ def test_a_route_without_a_rule_is_refused_with_auth_off(app: FastAPI, client: T
 
     assert client.get("/v1/unruled").status_code == 403
     assert client.get("/v1/tiers").status_code == 200
+
+
+def test_a_caller_without_the_right_token_never_learns_what_is_wrong_with_its_body(
+    auth_app: FastAPI, auth_client: TestClient, admin_client: TestClient
+) -> None:
+    """FastAPI parses a body before it runs the authorization dependency; the refusal comes
+    first all the same: 401 without a token, 403 without the scope, and only a caller who may
+    make the request hears about its malformed or invalid body."""
+    _, reader = issue_token(auth_app, name="reader", scopes=("read",), projects=("*",))
+    as_reader = token_client(auth_app, reader)
+    bad_bodies = [
+        ("POST", "/v1/runs", b"{not json"),
+        ("POST", "/v1/runs", b'{"project": "Not A Name!", "name": 5}'),
+        ("POST", "/v1/tokens", b'{"name": []}'),
+        ("POST", "/v1/sweeps", b"[[["),
+    ]
+    for method, path, body in bad_bodies:
+        headers = {"content-type": "application/json"}
+        assert_problem(auth_client.request(method, path, content=body, headers=headers), 401)
+        assert_problem(as_reader.request(method, path, content=body, headers=headers), 403)
+        allowed = admin_client.request(method, path, content=body, headers=headers)
+        assert allowed.status_code in (400, 422), (method, path, allowed.text)
+    # a bad query parameter too
+    assert_problem(auth_client.get("/v1/audit", params={"since": "yesterday"}), 401)
+    assert_problem(as_reader.get("/v1/audit", params={"since": "yesterday"}), 403)
+    assert_problem(admin_client.get("/v1/audit", params={"since": "yesterday"}), 422, "since")
