@@ -24,12 +24,11 @@ RUN mkdir app && touch app/__init__.py \
 COPY app ./app
 COPY migrations ./migrations
 COPY policies ./policies
-COPY deploy/image/with_metrics.py ./with_metrics.py
 # Editable on purpose: the migrations are found beside the package (app/db/migrate.py looks
 # for ../../migrations), so the source tree stays at /opt/ckpt, where it is installed.
 # Compiled now because the service user cannot write __pycache__ at run time.
 RUN pip install --no-cache-dir --no-deps --editable . \
-    && python -m compileall -q app migrations with_metrics.py
+    && python -m compileall -q app migrations
 
 
 FROM ${PYTHON_IMAGE}

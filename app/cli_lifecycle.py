@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from prometheus_client import start_http_server
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
@@ -97,6 +98,14 @@ class Context:
     settings: Settings
     factory: sessionmaker[Session]
     tiers: list[Tier]
+
+
+def _serve_metrics(settings: Settings) -> None:
+    """A worker's or scheduler's own counters (bytes moved and purged, actions finished, lag,
+    retries, sweep durations) on CKPT_METRICS_PORT, for Prometheus to scrape each replica.
+    They hold no catalog data, so this port asks for no token: keep it inside the cluster."""
+    if settings.metrics_port is not None:
+        start_http_server(settings.metrics_port, addr=settings.host)
 
 
 def _runtime(ctx: Context, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
@@ -216,17 +225,21 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         once: Annotated[bool, typer.Option(help="execute what is due, then exit")] = False,
     ) -> None:
         """Execute ledger actions (run as many as you like)."""
-        runtime = _runtime(prepare(), worker=True, scheduler=False, evaluator=False)
+        ctx = prepare()
+        runtime = _runtime(ctx, worker=True, scheduler=False, evaluator=False)
         if once:
             console.print(f"{runtime.executor.drain()} actions executed")
             return
+        _serve_metrics(ctx.settings)
         _run_until_signal(runtime)
 
     @cli.command()
     def scheduler() -> None:
         """Periodic sweep and purge, and the evaluations registrations ask for (several
         replicas are safe: evaluations take a lock)."""
-        runtime = _runtime(prepare(), worker=False, scheduler=True, evaluator=True)
+        ctx = prepare()
+        runtime = _runtime(ctx, worker=False, scheduler=True, evaluator=True)
+        _serve_metrics(ctx.settings)
         _run_until_signal(runtime)
 
     cli.add_typer(policy_cli, name="policy")

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     port: int = 8000
     auth: Literal["on", "off"] = "on"
     bootstrap_token: Annotated[SecretStr | None, BeforeValidator(_empty_as_unset)] = None
+    # `ckpt worker` and `ckpt scheduler` serve their own counters on this port (unset: not
+    # at all); the API serves them, and the catalog's, on its own /metrics.
+    metrics_port: Annotated[int | None, BeforeValidator(_empty_as_unset)] = None
 
     @model_validator(mode="after")
     def _auth_off_only_on_loopback(self) -> Settings:
@@ -73,6 +76,10 @@ class Settings(BaseSettings):
             raise ValueError("CKPT_RECONCILE_INTERVAL must be 0s (off) or longer")
         if not 0 < self.port < 65536:
             raise ValueError(f"CKPT_PORT must be between 1 and 65535 (got {self.port})")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ValueError(
+                f"CKPT_METRICS_PORT must be between 1 and 65535 (got {self.metrics_port})"
+            )
         return self
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from app.db.models import Base
 from app.db.session import make_engine
@@ -11,6 +11,9 @@ from app.settings import load_settings
 
 config = context.config
 target_metadata = Base.metadata
+# Every process upgrades the schema at start (`ckpt serve|api|scheduler|worker`); on
+# PostgreSQL they take turns, so replicas starting together never run a migration twice.
+MIGRATION_LOCK_KEY = 0x636B7074_6D696772  # "ckptmigr"
 
 
 def _run(connection: Connection) -> None:
@@ -21,6 +24,12 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Held until this transaction ends; the next process then finds the schema at
+            # head and has nothing to do.
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
         context.run_migrations()
 
 

@@ -166,11 +166,11 @@ def test_each_workload_runs_a_real_ckpt_command(rendered: dict[str, list[Doc]], 
     for (kind, workload), command in expected.items():
         container = main_container(find(rendered[name], kind, workload))
         args = container["args"]
-        if "command" in container:  # the metrics launcher: python with_metrics.py PORT COMMAND
-            assert container["command"] == ["python", "/opt/ckpt/with_metrics.py"]
+        assert "command" not in container, workload  # the image's entrypoint: ckpt
+        if command in ("worker", "scheduler"):  # their counters, on the port scraped
             ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-            assert int(args[0]) == ports["metrics"], workload
-            args = args[1:]
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["CKPT_METRICS_PORT"] == str(ports["metrics"]), workload
         assert args[0] == command in commands, (workload, args)
         if name == "prod":
             assert container["image"].startswith("registry.example.com/"), container["image"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from app.db.session import make_engine
 from tests.conftest import create_pg_database, drop_pg_database, postgres_url
 
 APP_TABLES = set(Base.metadata.tables)
+CKPT = Path(sys.executable).parent / "ckpt"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -102,3 +106,23 @@ def test_downgrade_to_base_and_upgrade_again(fresh_url: str, fresh_engine: Engin
     upgrade(fresh_url)
     assert table_names(fresh_engine) >= APP_TABLES
     assert schema_differences(fresh_engine) == []
+
+
+@pytest.mark.parametrize("fresh_url", ["postgresql"], indirect=True)  # replicas: production
+def test_replicas_starting_together_migrate_once(fresh_url: str, fresh_engine: Engine) -> None:
+    """Every process upgrades at start; four `ckpt migrate` at once on an empty PostgreSQL
+    take turns (an advisory lock), so none fails on tables another has just created."""
+    env = {**os.environ, "CKPT_DATABASE_URL": fresh_url, "CKPT_AUTH": "off"}
+    processes = [
+        subprocess.Popen(
+            [str(CKPT), "migrate"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for _ in range(4)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [p.returncode for p in processes] == [0] * 4, outputs
+    assert table_names(fresh_engine) >= APP_TABLES
+    assert schema_differences(fresh_engine) == []
+    with fresh_engine.connect() as connection:
+        versions = connection.execute(text("SELECT count(*) FROM alembic_version")).scalar()
+    assert versions == 1

@@ -1,6 +1,6 @@
-"""deploy/image/with_metrics.py: the launcher that gives `ckpt worker` and `ckpt scheduler`
-pods a /metrics port for the PodMonitor. Run for real: it serves the worker's counters
-while the worker runs, and the worker still stops cleanly on SIGTERM (a pod's shutdown)."""
+"""CKPT_METRICS_PORT: `ckpt worker` and `ckpt scheduler` serve their own counters there, for
+the PodMonitor. Run for real: the worker serves them while it runs, still stops cleanly on
+SIGTERM (a pod's shutdown); a port out of range stops it naming the variable."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.deploy.support import REPO
 from tests.storage.ports import free_port
 
-LAUNCHER = REPO / "deploy/image/with_metrics.py"
+CKPT = Path(sys.executable).parent / "ckpt"
 # What the dashboard and alerts read from workers and schedulers (the API has the rest).
 WORKER_FAMILIES = {
     "ckpt_actions_finished",
@@ -58,11 +58,12 @@ def test_worker_serves_its_counters_and_stops_on_sigterm(tmp_path: Path) -> None
         "CKPT_DATA_DIR": str(tmp_path / "data"),
         "CKPT_POLICIES_DIR": str(REPO / "policies"),
         "CKPT_TIERS_FILE": "",
+        "CKPT_METRICS_PORT": str(port),
     }
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, str(LAUNCHER), str(port), "worker"],
+            [str(CKPT), "worker"],
             env=env,
             cwd=tmp_path,
             stdout=out,
@@ -89,8 +90,14 @@ def test_worker_serves_its_counters_and_stops_on_sigterm(tmp_path: Path) -> None
             process.wait()
 
 
-def test_launcher_refuses_a_missing_port() -> None:
+def test_a_bad_metrics_port_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    env = {**os.environ, "CKPT_METRICS_PORT": "70000", "CKPT_DATABASE_URL": "sqlite://"}
     result = subprocess.run(
-        [sys.executable, str(LAUNCHER), "worker"], capture_output=True, text=True, timeout=60
+        [str(CKPT), "worker", "--once"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert result.returncode != 0 and "usage" in result.stderr
+    assert result.returncode != 0 and "CKPT_METRICS_PORT" in result.stderr, result.stderr
