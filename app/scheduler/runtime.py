@@ -17,7 +17,7 @@ from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
 from app.services.executor import Executor
 from app.services.ledger import enqueue_due_purges, requested_evaluations, run_sweep
-from app.services.reconcile import reconcile
+from app.services.reconcile import reconcile, turn
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
@@ -142,7 +142,11 @@ class Runtime:
         """Compare the tiers with the catalog; drift marks checkpoints, orphans are only
         reported (an admin deletes them through the API)."""
         try:
-            reconcile(self.factory, self.tiers)
+            with turn(self.factory) as mine:
+                if mine:
+                    reconcile(self.factory, self.tiers)
+                else:
+                    log.info("reconciliation skipped: another scheduler is running one")
         except Exception:
             log.exception("reconciliation failed")
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import google_crc32c
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
@@ -300,6 +301,30 @@ def record_health(
                 extra={"checkpoint_id": checkpoint_id, "problem": problem},
             )
     metrics.reconciled(len(report.orphans), len(problems), report.scanned_objects)
+
+
+RECONCILE_LOCK_KEY = 0x636B7074_7265636E  # "ckptrecn"
+
+
+@contextmanager
+def turn(factory: sessionmaker[Session]) -> Iterator[bool]:
+    """Whether this process may reconcile now: on PostgreSQL, several schedulers' periodic
+    scans would only repeat each other's listings, so one runs and the others skip (a
+    session advisory lock, held on a connection of its own for the scan)."""
+    engine = factory.kw["bind"]
+    if engine.dialect.name != "postgresql":
+        yield True
+        return
+    key = {"key": RECONCILE_LOCK_KEY}
+    with engine.connect() as connection:  # the lock lives as long as this connection
+        got = bool(connection.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar())
+        connection.commit()
+        try:
+            yield got
+        finally:
+            if got:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+                connection.commit()
 
 
 def reconcile(

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -242,3 +243,36 @@ def test_the_scheduler_reconciles_on_its_own_and_only_when_asked_to(
         on.stop()
     trail = client.get("/v1/audit", params={"checkpoint_id": broken["id"]}).json()["items"]
     assert [e["actor"] for e in trail if e["event"] == "drifted"] == ["system:reconcile"]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_one_scheduler_reconciles_at_a_time(
+    client: TestClient, app: FastAPI, data_dir: Path
+) -> None:
+    """Several schedulers would only repeat each other's listings: while one holds the
+    turn, another's periodic reconciliation skips, and takes it once it is free."""
+    from datetime import timedelta
+
+    from app.scheduler.runtime import Runtime
+    from app.services.reconcile import turn
+
+    run = make_run(client)
+    broken = place_checkpoint(client, data_dir, run, 100)
+    (step_dir(data_dir, "hot", run, 100) / "shard-0.bin").unlink()
+    other = Runtime(
+        app.state.session_factory,
+        app.state.tiers,
+        sweep_interval=timedelta(hours=1),
+        trash_retention=timedelta(days=7),
+        worker=False,
+        scheduler=False,
+        evaluator=False,
+    )
+    with turn(app.state.session_factory) as mine:
+        assert mine
+        other.reconcile()  # skips: this test holds the turn
+        assert fetch_checkpoint(client, broken["id"])["health"] == "ok"
+        with turn(app.state.session_factory) as theirs:
+            assert not theirs
+    other.reconcile()
+    assert fetch_checkpoint(client, broken["id"])["health"] == "drift"
