@@ -8,9 +8,9 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.cost.early_deletion import ActionCost, planned_action_cost, skip_costly_demotions
@@ -25,6 +25,11 @@ from app.services.policies import active_policies
 from app.services.snapshot import load_scope
 
 OPEN_STATES = ("held", "pending", "running")
+# Work whose action failed (its attempts spent, say while a provider is down) is planned
+# again only after a pause that doubles with each failure: a long outage then leaves a few
+# failed actions per checkpoint, not one per sweep.
+REPLAN_AFTER_FAILURE = timedelta(minutes=15)
+REPLAN_AFTER_FAILURE_MAX = timedelta(hours=24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,62 @@ def _open_actions(
     if run_id is not None:
         stmt = stmt.where(Action.run_id == run_id)
     return {(a.checkpoint_id, a.kind, a.to_tier): a for a in session.execute(stmt).scalars()}
+
+
+def _failures(
+    session: Session, run_id: str | None
+) -> dict[tuple[str, str, str | None], tuple[int, datetime]]:
+    """Per (checkpoint, kind, target): how many rule-planned actions failed, and when the
+    last one did."""
+    stmt = (
+        select(
+            Action.checkpoint_id,
+            Action.kind,
+            Action.to_tier,
+            func.count(),
+            func.max(Action.finished_at),
+        )
+        .where(Action.state == "failed", Action.rule != "manual")
+        .group_by(Action.checkpoint_id, Action.kind, Action.to_tier)
+    )
+    if run_id is not None:
+        stmt = stmt.where(Action.run_id == run_id)
+    return {
+        (checkpoint_id, kind, to_tier): (int(count), last)
+        for checkpoint_id, kind, to_tier, count, last in session.execute(stmt)
+        if last is not None
+    }
+
+
+def replan_after(failures: int) -> timedelta:
+    """How long after its last failure the same work is planned again."""
+    return min(REPLAN_AFTER_FAILURE * (1 << min(failures - 1, 16)), REPLAN_AFTER_FAILURE_MAX)
+
+
+def _not_yet_again(
+    actions: list[PlannedAction],
+    failures: dict[tuple[str, str, str | None], tuple[int, datetime]],
+    now: datetime,
+) -> tuple[list[PlannedAction], list[Skipped]]:
+    """The actions to plan now, and those that failed too recently to try again."""
+    keep: list[PlannedAction] = []
+    wait: list[Skipped] = []
+    for a in actions:
+        failed = failures.get((a.checkpoint_id, a.kind, a.to_tier))
+        if failed is None or failed[1] + replan_after(failed[0]) <= now:
+            keep.append(a)
+            continue
+        count, last = failed
+        again = last + replan_after(count)
+        wait.append(
+            Skipped(
+                a.checkpoint_id,
+                a.rule,
+                f"{a.kind} failed {count} time{'s' if count > 1 else ''} (last at "
+                f"{last:%Y-%m-%dT%H:%M:%SZ}): planned again after {again:%Y-%m-%dT%H:%M:%SZ}",
+            )
+        )
+    return keep, wait
 
 
 def plan_catalog(
@@ -140,6 +201,7 @@ def _plan(
     # action that finishes in between is then still open here (and its checkpoint left
     # alone) rather than neither open nor visible in the catalog (and planned again).
     existing = _open_actions(session, run_id)
+    failures = _failures(session, run_id)
     scope = load_scope(session, project=project, run_id=run_id, projects=projects)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
@@ -176,15 +238,17 @@ def _plan(
             prices=prices,
             resumed_by_active=scope.resumed_by_active,
         )
-        if explain and result.actions:
+        actions, waiting = _not_yet_again(list(result.actions), failures, now)
+        if explain and actions:
             by_id = {c.id: c for c in checkpoints}
-            for a in result.actions:
+            for a in actions:
                 costs[a.checkpoint_id, a.kind, a.to_tier] = planned_action_cost(
                     a, by_id[a.checkpoint_id], prices, now
                 )
-        per_project[run.project].extend(result.actions)
+        per_project[run.project].extend(actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
+        plan.skipped.extend(waiting)
     for project_name, actions in per_project.items():
         # Deletes already in the ledger were weighed by the evaluation that made them.
         deletes = [
