@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from app.db.session import session_scope
 from app.services.executor import Executor
 from app.services.tokens import create_token
+from app.settings import Settings
 
 
 def make_run(
@@ -297,3 +298,10 @@ def token_client(app: FastAPI, secret: str | None) -> TestClient:
     """A client of `app` sending `secret` with every request (or no token at all). Start the
     app's lifespan with one client in a `with` block; these need none of their own."""
     return TestClient(app, headers=bearer(secret) if secret is not None else None)
+
+
+def with_tiers(settings: Settings, tiers: list[dict[str, Any]]) -> Settings:
+    """`settings` with a tiers file holding `tiers` (written beside the data directory)."""
+    path = settings.data_dir.parent / "tiers.yaml"
+    path.write_text(yaml.safe_dump({"tiers": tiers}))
+    return settings.model_copy(update={"tiers_file": path})

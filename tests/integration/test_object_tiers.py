@@ -33,6 +33,7 @@ from tests.builders import (
     step_dir,
     sweep_now,
     tree,
+    with_tiers,
     write_checkpoint,
 )
 from tests.storage.gcs_server import GcsEndpoint
@@ -100,7 +101,7 @@ def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:
 
 
 @pytest.fixture
-def settings(database_url: str, data_dir: Path, tmp_path: Path, buckets: Buckets) -> Settings:
+def settings(settings: Settings, data_dir: Path, buckets: Buckets) -> Settings:
     tiers = [
         {"name": "hot", "url": f"file://{data_dir / 'hot'}"},
         {"name": "warm", "url": f"file://{data_dir / 'warm'}"},
@@ -118,15 +119,7 @@ def settings(database_url: str, data_dir: Path, tmp_path: Path, buckets: Buckets
             "endpoint_url": buckets.s3_url,
         },
     ]
-    path = tmp_path / "tiers.yaml"
-    path.write_text(yaml.safe_dump({"tiers": tiers}))
-    return Settings(
-        database_url=database_url,
-        data_dir=data_dir,
-        tiers_file=path,
-        policies_dir=tmp_path / "policies",
-        auth="off",
-    )
+    return with_tiers(settings, tiers)
 
 
 def place(

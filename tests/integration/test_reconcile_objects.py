@@ -10,7 +10,6 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from google.auth.credentials import AnonymousCredentials
@@ -18,7 +17,7 @@ from google.cloud import storage as gcs
 
 from app.services.reconcile import delete_orphans
 from app.settings import Settings
-from tests.builders import fetch_checkpoint, make_run, register
+from tests.builders import fetch_checkpoint, make_run, register, with_tiers
 from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
 from tests.storage.s3_servers import S3Endpoint
@@ -39,7 +38,7 @@ def places(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> dict[str, Any]:
 
 
 @pytest.fixture
-def settings(database_url: str, data_dir: Path, tmp_path: Path, places: dict[str, Any]) -> Settings:
+def settings(settings: Settings, data_dir: Path, places: dict[str, Any]) -> Settings:
     tiers = [
         {"name": "hot", "url": f"file://{data_dir / 'hot'}"},
         {
@@ -50,15 +49,7 @@ def settings(database_url: str, data_dir: Path, tmp_path: Path, places: dict[str
         },
         {"name": "archive", "url": f"gs://{places['gcs_bucket']}/ckpt"},
     ]
-    path = tmp_path / "tiers.yaml"
-    path.write_text(yaml.safe_dump({"tiers": tiers}))
-    return Settings(
-        database_url=database_url,
-        data_dir=data_dir,
-        tiers_file=path,
-        policies_dir=tmp_path / "policies",
-        auth="off",
-    )
+    return with_tiers(settings, tiers)
 
 
 def put_s3(places: dict[str, Any], key: str, data: bytes) -> None:

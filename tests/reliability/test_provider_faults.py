@@ -25,7 +25,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
 from botocore.config import Config
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -56,6 +55,7 @@ from tests.builders import (
     put_policy,
     register,
     tree,
+    with_tiers,
     write_checkpoint,
 )
 from tests.figures import FIGURES
@@ -147,9 +147,8 @@ def buckets(moto_s3: S3Endpoint, fake_gcs: GcsEndpoint) -> Buckets:
 
 @pytest.fixture
 def settings(
-    database_url: str,
+    settings: Settings,
     data_dir: Path,
-    tmp_path: Path,
     buckets: Buckets,
     s3_proxy: FaultyProxy,
     quick_clients: None,
@@ -160,15 +159,7 @@ def settings(
         {"name": "gcs", "url": f"gs://{buckets.gcs}/ckpt"},
         {"name": "vault", "url": f"file://{data_dir / 'vault'}"},
     ]
-    path = tmp_path / "tiers.yaml"
-    path.write_text(yaml.safe_dump({"tiers": tiers}))
-    return Settings(
-        database_url=database_url,
-        data_dir=data_dir,
-        tiers_file=path,
-        policies_dir=tmp_path / "policies",
-        auth="off",
-    )
+    return with_tiers(settings, tiers)
 
 
 # -- reading the servers directly -----------------------------------------------------------
