@@ -99,6 +99,32 @@ def record(
     )
 
 
+def checkpoint_event(
+    checkpoint_id: str,
+    run_id: str,
+    event: str,
+    *,
+    actor: str,
+    at: datetime,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """A change of one checkpoint, filed under it and under its run."""
+    return new_event(
+        actor=actor,
+        entity="checkpoint",
+        entity_id=checkpoint_id,
+        event=event,
+        at=at,
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
+        before=before,
+        after=after,
+        reason=reason,
+    )
+
+
 def record_many(session: Session, events: Sequence[dict[str, Any]]) -> None:
     """Record many changes in one statement (a sweep's actions, a bulk approval)."""
     if events:

@@ -143,15 +143,13 @@ def _insert_in_session(session: Session, values: dict[str, Any], location: dict[
             evaluate_at=values["registered_at"],
         )
     event, after = _audit_event(values, location)
-    audit.record(
-        session,
+    change = audit.checkpoint_event(
+        values["id"],
+        values["run_id"],
+        event,
         actor=values["created_by"],
-        entity="checkpoint",
-        entity_id=values["id"],
-        event=event,
         at=values["registered_at"],
-        checkpoint_id=values["id"],
-        run_id=values["run_id"],
         after=after,
     )
+    audit.record_many(session, [change])
     return True

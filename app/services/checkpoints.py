@@ -185,17 +185,20 @@ def _apply_commit(
     checkpoint.state = "active"
     checkpoint.committed_at = now
     checkpoint.updated_by = actor
-    audit.record(
+    committed = {"state": "active", "size_bytes": checkpoint.size_bytes}
+    audit.record_many(
         session,
-        actor=actor,
-        entity="checkpoint",
-        entity_id=checkpoint.id,
-        event="committed",
-        at=now,
-        checkpoint_id=checkpoint.id,
-        run_id=checkpoint.run_id,
-        before=was,
-        after={"state": "active", "size_bytes": checkpoint.size_bytes},
+        [
+            audit.checkpoint_event(
+                checkpoint.id,
+                checkpoint.run_id,
+                "committed",
+                actor=actor,
+                at=now,
+                before=was,
+                after=committed,
+            )
+        ],
     )
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
@@ -295,17 +298,20 @@ def set_pin(
     checkpoint.pin_reason = reason
     checkpoint.updated_by = actor
     if after:
-        audit.record(
+        event = "pinned" if reason is not None else "unpinned"
+        audit.record_many(
             session,
-            actor=actor,
-            entity="checkpoint",
-            entity_id=checkpoint.id,
-            event="pinned" if reason is not None else "unpinned",
-            at=now or datetime.now(UTC),
-            checkpoint_id=checkpoint.id,
-            run_id=checkpoint.run_id,
-            before=before,
-            after=after,
+            [
+                audit.checkpoint_event(
+                    checkpoint.id,
+                    checkpoint.run_id,
+                    event,
+                    actor=actor,
+                    at=now or datetime.now(UTC),
+                    before=before,
+                    after=after,
+                )
+            ],
         )
     session.flush()
     return checkpoint

@@ -320,19 +320,17 @@ class Executor:
         after: dict[str, object],
     ) -> None:
         """A catalog change made by executing `action`: as its actor, for its rule."""
-        audit.record(
-            session,
+        change = audit.checkpoint_event(
+            checkpoint.id,
+            checkpoint.run_id,
+            event,
             actor=audit.action_actor(action),
-            entity="checkpoint",
-            entity_id=checkpoint.id,
-            event=event,
             at=self.clock(),
-            checkpoint_id=checkpoint.id,
-            run_id=checkpoint.run_id,
             before=before,
             after=after,
             reason=action.rule,
         )
+        audit.record_many(session, [change])
 
     def _delete(self, action_id: str) -> None:
         """To the trash: the bytes stay until the purge."""

@@ -403,17 +403,19 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
     checkpoint.state = "active"
     checkpoint.trashed_at = None
     checkpoint.updated_by = actor
-    audit.record(
+    audit.record_many(
         session,
-        actor=actor,
-        entity="checkpoint",
-        entity_id=checkpoint.id,
-        event="undeleted",
-        at=now,
-        checkpoint_id=checkpoint.id,
-        run_id=checkpoint.run_id,
-        before={"state": "trashed"},
-        after={"state": "active"},
+        [
+            audit.checkpoint_event(
+                checkpoint.id,
+                checkpoint.run_id,
+                "undeleted",
+                actor=actor,
+                at=now,
+                before={"state": "trashed"},
+                after={"state": "active"},
+            )
+        ],
     )
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now

@@ -275,14 +275,12 @@ def record_health(
         audit.record_many(
             session,
             [
-                audit.new_event(
+                audit.checkpoint_event(
+                    checkpoint_id,
+                    runs[checkpoint_id],
+                    "healed" if checkpoint_id in healed else "drifted",
                     actor=actor,
-                    entity="checkpoint",
-                    entity_id=checkpoint_id,
-                    event="healed" if checkpoint_id in healed else "drifted",
                     at=now,
-                    checkpoint_id=checkpoint_id,
-                    run_id=runs.get(checkpoint_id),
                     before={"health": "drift" if checkpoint_id in healed else "ok"},
                     after=(
                         {"health": "ok"}
