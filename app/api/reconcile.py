@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated
 
@@ -87,8 +88,8 @@ async def reconcile(
         service.reconcile, factory, tiers, deep=deep, actor=principal.actor
     )
     return ReconcileRead(
-        orphans=[OrphanRead(**_fields(o)) for o in report.orphans],
-        drift=[DriftRead(**_fields(d)) for d in report.drift],
+        orphans=[OrphanRead(**asdict(o)) for o in report.orphans],
+        drift=[DriftRead(**asdict(d)) for d in report.drift],
         scanned_objects=report.scanned_objects,
         unreachable=report.unreachable,
     )
@@ -108,10 +109,6 @@ async def delete_orphans(
         service.delete_orphans, factory, tiers, wanted, now=now
     )
     return OrphanDeleteRead(
-        deleted=[OrphanRead(**_fields(o)) for o in deleted],
+        deleted=[OrphanRead(**asdict(o)) for o in deleted],
         refused=[RefusedRead(tier=t, key=k, reason=r) for t, k, r in refused],
     )
-
-
-def _fields(item: service.Orphan | service.Drift) -> dict[str, object]:
-    return {name: getattr(item, name) for name in item.__slots__}
