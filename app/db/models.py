@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -110,6 +111,11 @@ class Checkpoint(Base):
     # (a catalogued object missing, or its size or checksum changed).
     health: Mapped[str] = mapped_column(String(16), default="ok", server_default="ok")
     health_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The uri names one object (Lightning's `*.ckpt`), not a prefix: its manifest is that
+    # one file, and removing a location removes that object, never its directory.
+    single_file: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Set by an undelete: no policy deletes or moves it before then (a person said "keep").
+    protected_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     locations: Mapped[list[Location]] = relationship(
         lazy="raise", order_by="Location.id", cascade="all, delete-orphan"
@@ -123,6 +129,8 @@ class Location(Base):
     __table_args__ = (
         UniqueConstraint("checkpoint_id", "tier"),
         Index("ix_locations_tier_role", "tier", "role"),
+        # overlap checks: equal uri, and uri prefix (LIKE on PostgreSQL, a range on SQLite)
+        Index("ix_locations_uri", "uri", postgresql_ops={"uri": "text_pattern_ops"}),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -168,6 +176,8 @@ class Action(Base):
     actor: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
     approved_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)  # released a hold
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # storage
+    # Progress of a running transfer, written every few seconds by the lease keeper.
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class PolicyRow(Base):
