@@ -55,4 +55,5 @@ def checkpoint_read(checkpoint: Checkpoint) -> CheckpointRead:
         updated_by=checkpoint.updated_by,
         health=checkpoint.health or "ok",
         health_detail=checkpoint.health_detail,
+        protected_until=checkpoint.protected_until,
     )

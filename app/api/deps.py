@@ -14,6 +14,7 @@ from app.api.auth import authorize
 from app.domain.access import Principal
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
+from app.settings import Settings
 
 
 async def _session(request: Request) -> AsyncIterator[Session]:
@@ -42,6 +43,11 @@ async def _tiers(request: Request) -> list[Tier]:
     return tiers
 
 
+async def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
 async def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -63,6 +69,7 @@ async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[
 # got 201 can read the row back at once (the default would commit after sending it).
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TiersDep = Annotated[list[Tier], Depends(_tiers)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
 NowDep = Annotated[datetime, Depends(_now)]
 # The caller, checked already by the app-wide `authorize` (FastAPI runs it once a request).
 PrincipalDep = Annotated[Principal, Depends(authorize)]

@@ -39,6 +39,7 @@ def _field(loc: tuple[Any, ...]) -> str:
 async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, AppError)
     extra = {"field": error.field} if error.field else {}
+    extra.update(error.extra)
     named = error.field and not error.message.startswith(error.field)
     detail = f"{error.field}: {error.message}" if named else error.message
     return problem(error.status, error.title, detail, error.headers or None, **extra)

@@ -8,7 +8,15 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy.orm import Session
 
 from app.api.convert import checkpoint_read
-from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
+from app.api.deps import (
+    Cursor,
+    Limit,
+    NowDep,
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+    TiersDep,
+)
 from app.api.lifecycle_schemas import (
     ActionKind,
     ActionRead,
@@ -178,9 +186,18 @@ def delete_checkpoint(
 
 @router.post("/v1/checkpoints/{checkpoint_id}/undelete")
 def undelete_checkpoint(
-    checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
+    checkpoint_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    settings: SettingsDep,
 ) -> CheckpointRead:
-    return checkpoint_read(ledger.undelete(session, checkpoint_id, principal.actor, now))
+    """Back from the trash, and protected from policy deletes and moves for
+    `CKPT_TRASH_RETENTION` (`protected_until` in the answer)."""
+    checkpoint = ledger.undelete(
+        session, checkpoint_id, principal.actor, now, protect_for=settings.trash_retention
+    )
+    return checkpoint_read(checkpoint)
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/restore", status_code=status.HTTP_202_ACCEPTED)

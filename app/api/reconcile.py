@@ -30,7 +30,15 @@ class DriftRead(BaseModel):
     tier: str
     key: str = Field(description="relative to the tier's url")
     uri: str
-    problem: str = Field(description="`missing`, or what differs: size, sha256 or crc32c")
+    problem: str = Field(
+        description="`missing`, `overlap` (the location equals, contains or lies inside "
+        "another live checkpoint's: see `other_checkpoint_id`), or what differs: size, "
+        "sha256 or crc32c"
+    )
+    other_checkpoint_id: str | None = Field(
+        default=None, description="`overlap`: the checkpoint whose location it overlaps"
+    )
+    other_uri: str | None = Field(default=None, description="`overlap`: that location")
 
 
 class ReconcileRead(BaseModel):

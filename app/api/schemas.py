@@ -17,8 +17,10 @@ RunStatus = Literal["active", "completed", "failed"]
 CheckpointState = Literal["writing", "active", "trashed", "deleted"]
 # Strict: a step or size sent as "100", 100.0 or true is a client bug, not a number to guess.
 Count = Annotated[int, Field(ge=0, le=MAX_INT64, strict=True)]
-LabelKey = Annotated[str, Field(min_length=1, max_length=63)]
-LabelValue = Annotated[str, Field(max_length=256)]
+# A NUL cannot be stored in a PostgreSQL text or jsonb value: refused like in `uri`.
+NO_NUL = r"^[^\x00]*$"
+LabelKey = Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)]
+LabelValue = Annotated[str, Field(max_length=256, pattern=NO_NUL)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
 
 
@@ -30,7 +32,10 @@ def _finite(value: dict[str, float]) -> dict[str, float]:
 
 
 Metrics = Annotated[
-    dict[Annotated[str, Field(min_length=1, max_length=63)], Annotated[float, Field(strict=True)]],
+    dict[
+        Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)],
+        Annotated[float, Field(strict=True)],
+    ],
     Field(max_length=256),
     AfterValidator(_finite),
 ]
@@ -165,6 +170,10 @@ class CheckpointRead(BaseModel):
         "or changed (see `health_detail`)"
     )
     health_detail: str | None
+    protected_until: datetime | None = Field(
+        default=None,
+        description="set by an undelete: no policy deletes or moves it before this time",
+    )
 
 
 class PriceRead(BaseModel):

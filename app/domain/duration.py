@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PATTERN = re.compile(r"^(\d{1,15})([smhdw])$")  # 15 digits: any timedelta in seconds
@@ -30,3 +30,8 @@ def format_duration(value: timedelta) -> str:
         if seconds and seconds % _UNITS[unit] == 0:
             return f"{seconds // _UNITS[unit]}{unit}"
     return f"{seconds}s"
+
+
+def format_instant(value: datetime) -> str:
+    """A UTC instant as reasons and messages print it: `2026-12-08T20:25:17Z`."""
+    return f"{value.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"

@@ -9,10 +9,11 @@ class AppError(Exception):
     status = 400
     title = "Bad request"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, **extra: str) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.extra = extra  # more members of the problem body (`checkpoint_id`, ...)
         self.headers: dict[str, str] = {}
 
 

@@ -35,6 +35,7 @@ class CheckpointSnapshot(NamedTuple):
     tiers: frozenset[str] = frozenset()  # every tier holding a location
     metrics: Mapping[str, float] = MappingProxyType({})
     pinned: bool = False
+    protected_until: datetime | None = None  # set by an undelete
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,35 @@ def real_root(path: str) -> str:
     return os.path.realpath(path)
 
 
+def symlink_leaving_tier(root: str, key: str, paths: list[str]) -> str | None:
+    """The first of `paths` (relative to `key`, a directory under the tier `root`) whose
+    components below `key` include a symlink leading outside the tier; None when none
+    does. `key` itself is `locate`'s to check. Each directory is looked at once, however
+    many files it holds."""
+    base = real_root(root)
+    start = f"{base}/{key}" if key else base
+    if os.path.islink(start):
+        start = os.path.realpath(start)
+    safe: set[str] = set()
+    for path in paths:
+        current = start
+        for part in path.split("/"):
+            current = f"{current}/{part}"
+            if current in safe:
+                continue
+            try:
+                mode = os.lstat(current).st_mode
+            except OSError:
+                break  # the rest does not exist (yet): nothing to follow
+            if stat.S_ISLNK(mode):
+                current = os.path.realpath(current)
+                if current != base and not current.startswith(base.rstrip("/") + "/"):
+                    return path
+            else:
+                safe.add(current)
+    return None
+
+
 def _leaves_by_symlink(root: str, key: str) -> bool:
     """Whether a symlink among the components of `key` below `root` leads outside the
     tier. Only the components below the root are looked at, one lstat each, which is

@@ -10,7 +10,7 @@ import fnmatch
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from app.domain.duration import format_duration
+from app.domain.duration import format_duration, format_instant
 from app.domain.plan import CheckpointSnapshot, Kept, Plan, PlannedAction, RunSnapshot
 from app.policy.keep import kept_by_rule
 from app.policy.schema import CopyTo, MoveTo, Policy, Rule
@@ -74,6 +74,8 @@ def protections(
     for c in live:
         if c.id in resumed_by_active or (run.status == "active" and c.id == run.resumed_from):
             found[c.id] = "protected: an active run resumed from it"
+        if c.protected_until is not None and now < c.protected_until:
+            found[c.id] = f"protected: undeleted until {format_instant(c.protected_until)}"
         if c.pinned:
             found[c.id] = "protected: pinned"
         if now - c.created_at < GRACE:

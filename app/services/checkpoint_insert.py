@@ -18,20 +18,34 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location
-from app.domain.errors import NotFound
+from app.domain.errors import Conflict, NotFound
 from app.services import audit
+from app.services.overlap import Overlap, ancestors, escape_like, refuse_overlap
 from app.services.upsert import insert_ignoring_conflicts
 from app.services.usage import count_active
 
+# `o` is the overlap check (app.services.overlap.find_overlap, in SQL): a live location of
+# another checkpoint equal to the uri, above it or under it stops the insert.
 _PG_INSERT = """
-    WITH c AS (
+    WITH o AS (
+        SELECT l.checkpoint_id, l.uri FROM locations l
+        JOIN checkpoints k ON k.id = l.checkpoint_id
+        WHERE k.state IN ('writing', 'active', 'trashed')
+          AND (l.uri = ANY(%(ancestors)s) OR l.uri LIKE %(under)s ESCAPE '\\')
+          AND NOT (k.run_id = %(run_id)s AND k.step = %(step)s)
+        ORDER BY l.id LIMIT 1
+    ), c AS (
         INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
-                                 metrics, labels, pinned, pin_reason, created_at,
+                                 metrics, labels, pinned, pin_reason, single_file, created_at,
                                  registered_at, committed_at, created_by, updated_by)
-        VALUES (%(id)s, %(run_id)s, %(step)s, %(klass)s, %(state)s, %(uri)s,
-                %(size_bytes)s, CAST(%(files)s AS JSON), CAST(%(metrics)s AS JSON),
-                CAST(%(labels)s AS JSON), false, NULL, %(created_at)s, %(registered_at)s,
-                %(committed_at)s, %(created_by)s, %(updated_by)s)
+        SELECT CAST(%(id)s AS VARCHAR), CAST(%(run_id)s AS VARCHAR), CAST(%(step)s AS BIGINT),
+               CAST(%(klass)s AS VARCHAR), CAST(%(state)s AS VARCHAR), CAST(%(uri)s AS TEXT),
+               CAST(%(size_bytes)s AS BIGINT), CAST(%(files)s AS JSON),
+               CAST(%(metrics)s AS JSON), CAST(%(labels)s AS JSON), false, NULL,
+               CAST(%(single_file)s AS BOOLEAN), CAST(%(created_at)s AS TIMESTAMPTZ),
+               CAST(%(registered_at)s AS TIMESTAMPTZ), CAST(%(committed_at)s AS TIMESTAMPTZ),
+               CAST(%(created_by)s AS VARCHAR), CAST(%(updated_by)s AS VARCHAR)
+        WHERE NOT EXISTS (SELECT 1 FROM o)
         ON CONFLICT DO NOTHING
         RETURNING id, run_id, size_bytes, state
     ), l AS (
@@ -49,7 +63,7 @@ _PG_INSERT = """
         SELECT %(registered_at)s, %(created_by)s, 'checkpoint', id, %(audit_event)s, id,
                run_id, NULL, CAST(%(audit_after)s AS JSON), NULL FROM c
     )
-    SELECT id FROM c
+    SELECT (SELECT id FROM c), (SELECT checkpoint_id FROM o), (SELECT uri FROM o)
 """
 
 
@@ -72,7 +86,8 @@ def _audit_event(values: dict[str, Any], location: dict[str, Any]) -> tuple[str,
 
 def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
     """Insert unless the run already has that step; returns whether it was inserted.
-    Raises NotFound when the run does not exist."""
+    Raises NotFound when the run does not exist, Conflict when the uri overlaps a live
+    location of another checkpoint."""
     try:
         if session.get_bind().dialect.name == "postgresql":
             return _insert_postgresql(session, values, location)
@@ -92,6 +107,8 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         "storage_class": location["storage_class"],
         "audit_event": event,
         "audit_after": _json(after),
+        "ancestors": ancestors(values["uri"]),
+        "under": escape_like(values["uri"].rstrip("/")) + "/%",
     }
     if session.in_transaction():
         # The request already holds a connection: use it (commit comes with the request)
@@ -118,12 +135,17 @@ def _execute(driver: Any, params: dict[str, Any]) -> bool:
     try:
         with driver.cursor() as cursor:
             cursor.execute(_PG_INSERT, params)
-            return cursor.fetchone() is not None
+            inserted, other, other_uri = cursor.fetchone()
     except psycopg.errors.ForeignKeyViolation as error:
         raise IntegrityError(_PG_INSERT, params, error) from error
+    if other is not None:
+        found = Overlap(other, other_uri)
+        raise Conflict(found.describe(params["uri"]), field="uri", checkpoint_id=other)
+    return inserted is not None
 
 
 def _insert_in_session(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    refuse_overlap(session, values["uri"], run_id=values["run_id"], step=values["step"])
     row = {("class" if k == "klass" else k): v for k, v in values.items()}
     conn = session.connection()
     inserted = conn.execute(

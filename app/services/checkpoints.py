@@ -15,7 +15,14 @@ from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
 from app.services import audit
 from app.services.checkpoint_insert import insert_checkpoint
-from app.services.manifest import list_manifest, normalise, require_exists, same_files, total_size
+from app.services.manifest import (
+    check_supplied,
+    list_manifest,
+    normalise,
+    same_files,
+    total_size,
+)
+from app.services.overlap import refuse_overlap
 from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 from app.services.runs import get_run
 from app.services.usage import count_active
@@ -92,6 +99,7 @@ def register_checkpoint(
     """
     located = locate(reg.uri, tiers)
     files = normalise(reg.files) if reg.files is not None else None
+    single_file = False
     if files is None:
         get_run(session, run_id)  # before listing storage on its behalf
         existing = _by_step(session, run_id, reg.step)
@@ -99,9 +107,11 @@ def register_checkpoint(
             _check_same_content(existing, reg, located.uri, None)
             return _commit_if_writing(session, existing, reg, located, None, actor, now), False
         if reg.committed:
-            files = list_manifest(located)
+            refuse_overlap(session, located.uri, run_id=run_id, step=reg.step)
+            listed = list_manifest(located)
+            files, single_file = listed.files, listed.single_file
     elif reg.committed:
-        require_exists(located)
+        single_file = check_supplied(located, files)
     size = total_size(files, reg.size_bytes)
     values: dict[str, Any] = {
         "id": new_id("ckpt"),
@@ -116,6 +126,7 @@ def register_checkpoint(
         "labels": reg.labels,
         "pinned": False,
         "pin_reason": None,
+        "single_file": single_file,
         "created_at": reg.created_at or now,
         "registered_at": now,
         "committed_at": now if reg.committed else None,
@@ -153,11 +164,15 @@ def _commit_if_writing(
     if checkpoint.state != "writing" or not reg.committed:
         return checkpoint
     if files is None:
-        files = list_manifest(located)
+        listed = list_manifest(located)
+        files, single_file = listed.files, listed.single_file
+    else:
+        single_file = check_supplied(located, files)
     _apply_commit(
         session,
         checkpoint,
         files=files,
+        single_file=single_file,
         size_bytes=reg.size_bytes,
         metrics=None,
         actor=actor,
@@ -172,6 +187,7 @@ def _apply_commit(
     checkpoint: Checkpoint,
     *,
     files: list[dict[str, Any]],
+    single_file: bool,
     size_bytes: int | None,
     metrics: dict[str, float] | None,
     actor: str,
@@ -179,6 +195,7 @@ def _apply_commit(
 ) -> None:
     was = {"state": checkpoint.state, "size_bytes": checkpoint.size_bytes}
     checkpoint.files = files
+    checkpoint.single_file = single_file
     checkpoint.size_bytes = total_size(files, size_bytes)
     if metrics is not None:
         checkpoint.metrics = {**checkpoint.metrics, **metrics}
@@ -230,13 +247,15 @@ def commit_checkpoint(
         raise Conflict(f"checkpoint is {checkpoint.state}, not writing", field="state")
     located = locate(checkpoint.uri, tiers)
     if manifest is None:
-        manifest = list_manifest(located)
+        listed = list_manifest(located)
+        manifest, single_file = listed.files, listed.single_file
     else:
-        require_exists(located)
+        single_file = check_supplied(located, manifest)
     _apply_commit(
         session,
         checkpoint,
         files=manifest,
+        single_file=single_file,
         size_bytes=size_bytes,
         metrics=metrics,
         actor=actor,

@@ -26,8 +26,10 @@ from app.domain.tier import Tier, locate
 from app.services import audit
 from app.services.crash import crash_point
 from app.services.ledger import add_action, purge_action
+from app.services.overlap import find_overlap
+from app.services.placement import files_base, placed_uri, refuse_if_overlapping, remove_location
 from app.services.usage import count_active
-from app.storage.base import Storage, StorageError, join_key
+from app.storage.base import Storage, StorageError, is_permanent, join_key
 from app.storage.registry import storage_for
 from app.storage.retry import counting_retries
 from app.storage.transfer import VerificationFailed, change_class, copy_files, verify_files
@@ -35,12 +37,25 @@ from app.storage.transfer import VerificationFailed, change_class, copy_files, v
 log = logging.getLogger("app.worker")
 
 LEASE = timedelta(seconds=30)
+PROGRESS_EVERY = timedelta(seconds=2)  # the lease is renewed, and bytes_done written, this often
 MAX_ATTEMPTS = 5
 RESTORE_POLL_MAX = timedelta(seconds=30)
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class Progress:
+    """Bytes a running transfer has copied, added to from its copying threads."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.value += count
 
 
 # -- storage retries per action: kept in the ledger and counted in the metrics --------------
@@ -209,23 +224,36 @@ class Executor:
             kind = self._load(action_id).kind
             {"delete": self._delete, "purge": self._purge}.get(kind, self._transfer)(action_id)
         except VerificationFailed as error:
-            self._finish(action_id, "failed", error=f"verification failed: {error}")
-            crash_point("action.failed")
+            self._fail(action_id, f"verification failed: {error}")
         except (StorageError, OSError) as error:
-            self._retry(action_id, f"{type(error).__name__}: {error}")
+            reason = f"{type(error).__name__}: {error}"
+            if is_permanent(error):  # waiting will not heal it: fail now, not after 5 tries
+                self._remove_partial_copy(action_id)
+                self._fail(action_id, reason)
+                return
+            if self._load(action_id).attempts >= MAX_ATTEMPTS:
+                self._remove_partial_copy(action_id)
+            self._retry(action_id, reason)
             crash_point("action.retry_scheduled")
-            self._remove_failed_copy(action_id)
 
-    def _remove_failed_copy(self, action_id: str) -> None:
-        """A transfer that failed for good leaves no partial copy at its destination (the
-        files copied before the error); a place the catalog lists is never touched."""
+    def _fail(self, action_id: str, error: str) -> None:
+        """End the action `failed` with its reason. A partial copy is removed before (a
+        worker killed in between leaves an action the next one runs again, never a copy
+        nobody owns)."""
+        self._finish(action_id, "failed", error=error)
+        crash_point("action.failed")
+        log.warning("action failed", extra={"action_id": action_id, "error": error})
+
+    def _remove_partial_copy(self, action_id: str) -> None:
+        """A transfer about to fail for good leaves no partial copy at its destination
+        (the files copied before the error); a place the catalog lists is never touched."""
         action = self._load(action_id)
         dest_uri = action.dest_uri
-        if action.state != "failed" or dest_uri is None or dest_uri == action.source_uri:
+        if dest_uri is None or dest_uri == action.source_uri:
             return
         try:
             dest, dest_key = self._storage(dest_uri)
-            self._discard(dest, dest_key, dest_uri)
+            self._discard(dest, dest_key, dest_uri, action.checkpoint_id)
         except (StorageError, OSError) as error:  # left for reconcile to report as an orphan
             log.warning(
                 "could not remove a failed transfer's partial copy",
@@ -256,6 +284,8 @@ class Executor:
         )
         action.state = state
         action.error = error
+        if state == "done":
+            action.bytes_done = action.bytes
         action.finished_at = now
         action.updated_at = now
         action.lease_owner = None
@@ -379,10 +409,13 @@ class Executor:
                 self._close(session, action, "cancelled", f"checkpoint is {checkpoint.state}")
                 return
             uris = [loc.uri for loc in checkpoint.locations]
+            single_file = checkpoint.single_file
+            for uri in uris:  # all of them before any byte goes: a purge is whole or nothing
+                refuse_if_overlapping(session, uri, checkpoint.id, "purge")
         crash_point("purge.checked")
         for uri in uris:
             storage, key = self._storage(uri)
-            storage.delete_prefix(key)
+            remove_location(storage, key, single_file)
             crash_point("purge.location_removed")
         with session_scope(self.factory) as session:
             checkpoint = self._checkpoint(session, action.checkpoint_id)
@@ -422,8 +455,12 @@ class Executor:
                 )
                 return
             if action.dest_uri is None:
-                action.source_uri, action.dest_uri = self._endpoints(session, action, checkpoint)
+                planned_source, planned_dest = self._endpoints(session, action, checkpoint)
+                if planned_dest != planned_source:
+                    refuse_if_overlapping(session, planned_dest, checkpoint.id, "write a copy to")
+                action.source_uri, action.dest_uri = planned_source, planned_dest
             kind, step = action.kind, action.step
+            checkpoint_id, single_file = checkpoint.id, checkpoint.single_file
             source_uri, dest_uri = action.source_uri, action.dest_uri
             manifest = list(checkpoint.files or [])
             if step == "switched" and dest_uri not in {loc.uri for loc in checkpoint.locations}:
@@ -433,8 +470,11 @@ class Executor:
         crash_point("transfer.started")
         assert source_uri is not None and dest_uri is not None and action.to_tier is not None
         dest_tier = self.tiers_by_name[action.to_tier]
-        source, source_key = self._storage(source_uri)
-        dest, dest_key = self._storage(dest_uri)
+        source, source_uri_key = self._storage(source_uri)
+        dest, dest_uri_key = self._storage(dest_uri)
+        # the prefix the manifest's paths hang from (a single file's: its directory)
+        source_key = files_base(source_uri_key, single_file)
+        dest_key = files_base(dest_uri_key, single_file)
         in_place = source_uri == dest_uri  # two tiers on one bucket prefix: a class change
         streamed: dict[str, dict[str, str]] = {}
         if step is None or step.startswith("restoring"):
@@ -442,12 +482,13 @@ class Executor:
                 action_id, step, source, source_key, manifest
             ):
                 return
-            with self._lease_kept(action_id):
+            with self._lease_kept(action_id) as progress:
                 if in_place:
                     change_class(dest, dest_key, manifest, dest_tier.storage_class or "STANDARD")
                     crash_point("transfer.class_changed")
                 else:
-                    dest.abort_uploads(dest_key)  # a crashed attempt's unfinished uploads
+                    # a crashed attempt's unfinished uploads (a single file's: its own)
+                    dest.abort_uploads(dest_uri_key if single_file else dest_key)
                     crash_point("transfer.uploads_aborted")
                     try:
                         streamed = copy_files(
@@ -458,9 +499,10 @@ class Executor:
                             manifest,
                             storage_class=dest_tier.storage_class,
                             on_file=lambda: crash_point("transfer.file_copied"),
+                            on_bytes=progress.add,
                         ).digests
                     except VerificationFailed:
-                        self._discard(dest, dest_key, dest_uri)
+                        self._discard(dest, dest_uri_key, dest_uri, checkpoint_id)
                         raise
             self._set_step(action_id, "copied")
             crash_point("transfer.copied")
@@ -477,7 +519,7 @@ class Executor:
             crash_point("transfer.destination_checked")
             if problems:
                 if not in_place:
-                    self._discard(dest, dest_key, dest_uri)
+                    self._discard(dest, dest_uri_key, dest_uri, checkpoint_id)
                 raise VerificationFailed(
                     f"{dest_uri} does not match the manifest: " + "; ".join(problems[:5])
                 )
@@ -489,7 +531,9 @@ class Executor:
             crash_point("transfer.switched")
             step = "switched"
         if kind == "move" and not in_place:
-            source.delete_prefix(source_key)
+            with session_scope(self.factory) as session:
+                refuse_if_overlapping(session, source_uri, checkpoint_id, "remove the source")
+            remove_location(source, source_uri_key, single_file)
             crash_point("transfer.source_removed")
         self._finish(action_id, "done")
         crash_point("transfer.done")
@@ -546,12 +590,14 @@ class Executor:
         return True
 
     @contextmanager
-    def _lease_kept(self, action_id: str) -> Iterator[None]:
-        """Renew the lease while a long copy runs, so no other worker takes the action."""
+    def _lease_kept(self, action_id: str) -> Iterator[Progress]:
+        """Renew the lease while a long copy runs, so no other worker takes the action,
+        and write how far it got (`bytes_done`) every PROGRESS_EVERY."""
         stop = threading.Event()
+        progress = Progress()
 
         def renew() -> None:
-            while not stop.wait(LEASE.total_seconds() / 3):
+            while not stop.wait(PROGRESS_EVERY.total_seconds()):
                 with session_scope(self.factory) as session:
                     session.execute(
                         update(Action)
@@ -560,23 +606,32 @@ class Executor:
                             Action.lease_owner == self.owner,
                             Action.state == "running",
                         )
-                        .values(lease_until=self.clock() + LEASE)
+                        .values(lease_until=self.clock() + LEASE, bytes_done=progress.value)
                     )
 
         thread = threading.Thread(target=renew, name=f"lease-{action_id}", daemon=True)
         thread.start()
         try:
-            yield
+            yield progress
         finally:
             stop.set()
             thread.join()
 
-    def _discard(self, dest: Storage, dest_key: str, dest_uri: str) -> None:
-        """Remove a bad copy, unless the catalog lists that place (then it is not ours)."""
+    def _discard(self, dest: Storage, dest_key: str, dest_uri: str, checkpoint_id: str) -> None:
+        """Remove a bad or partial copy: the manifest's files at `dest_uri`, nothing else
+        there, and nothing at all when the catalog lists that place or another checkpoint
+        owns bytes there or around it (then it is not ours to remove)."""
         with session_scope(self.factory) as session:
             listed = session.execute(select(Location.id).where(Location.uri == dest_uri)).first()
-        if listed is None:
-            dest.delete_prefix(dest_key)
+            other = find_overlap(session, dest_uri, exclude_checkpoint=checkpoint_id)
+            files, single_file = session.execute(
+                select(Checkpoint.files, Checkpoint.single_file).where(
+                    Checkpoint.id == checkpoint_id
+                )
+            ).one()
+        if listed is None and other is None:
+            base = files_base(dest_key, single_file)
+            dest.delete_keys(join_key(base, str(entry["path"])) for entry in files or [])
             crash_point("transfer.copy_discarded")
 
     def _refuse_transfer(self, action: Action, checkpoint: Checkpoint) -> str | None:
@@ -609,8 +664,8 @@ class Executor:
         source_tier = self.tiers_by_name.get(primary.tier)
         if source_tier is not None and source_tier.url == tier.url:
             return primary.uri, primary.uri  # one bucket prefix, two classes: in place
-        dest = tier.parsed.join(f"{project}/{run_name}/step-{checkpoint.step}")
-        return primary.uri, dest
+        name = primary.uri.rsplit("/", 1)[-1] if checkpoint.single_file else None
+        return primary.uri, placed_uri(tier, project, run_name, checkpoint.step, name)
 
     def _switch(self, action_id: str, dest_uri: str) -> None:
         """Catalog the verified copy, in one transaction with the step."""
@@ -631,6 +686,7 @@ class Executor:
                 if primary is not None:
                     primary.tier, primary.uri = tier.name, dest_uri
                     primary.storage_class = tier.storage_class
+                    checkpoint.uri = dest_uri  # a checkpoint's uri is its primary's, always
             elif on_target is None:
                 replica = Location(
                     checkpoint_id=checkpoint.id,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
@@ -19,6 +19,7 @@ from app.cost.early_deletion import action_cost, describe_charges
 from app.cost.prices import effective_price
 from app.db.models import Action, Checkpoint, Project, Run, Sweep
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
+from app.domain.duration import format_instant
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier
@@ -26,7 +27,7 @@ from app.policy.schema import Policy
 from app.services import audit
 from app.services.checkpoints import get_checkpoint
 from app.services.pagination import decode_cursor, encode_cursor
-from app.services.planning import OPEN_STATES, plan_catalog
+from app.services.planning import OPEN_STATES, plan_catalog, replan_after
 from app.services.usage import count_active
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
@@ -372,11 +373,21 @@ def _cancel_open(
     session.flush()
 
 
-def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) -> Checkpoint:
+def undelete(
+    session: Session,
+    checkpoint_id: str,
+    actor: str,
+    now: datetime,
+    *,
+    protect_for: timedelta,
+) -> Checkpoint:
     """Back from the trash to `active`, cancelling its pending purge (or, when the delete has
-    not been executed yet, the delete itself)."""
+    not been executed yet, the delete itself). A person who undeletes means "keep this": no
+    policy deletes or moves it for `protect_for` (the trash retention), then its policy
+    governs it again."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     if checkpoint.state == "active":
+        _protect(session, checkpoint, actor, now, now + protect_for)
         _cancel_open(
             session,
             checkpoint_id,
@@ -400,8 +411,10 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
         busy="its bytes are being purged right now",
         why="withdrawn by undelete",
     )
+    until = now + protect_for
     checkpoint.state = "active"
     checkpoint.trashed_at = None
+    checkpoint.protected_until = until
     checkpoint.updated_by = actor
     audit.record_many(
         session,
@@ -413,7 +426,8 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
                 actor=actor,
                 at=now,
                 before={"state": "trashed"},
-                after={"state": "active"},
+                after={"state": "active", "protected_until": until},
+                reason=f"protected: undeleted until {format_instant(until)}",
             )
         ],
     )
@@ -422,6 +436,30 @@ def undelete(session: Session, checkpoint_id: str, actor: str, now: datetime) ->
     )
     session.flush()
     return checkpoint
+
+
+def _protect(
+    session: Session, checkpoint: Checkpoint, actor: str, now: datetime, until: datetime
+) -> None:
+    """An undelete of a checkpoint whose delete had not run yet protects it all the same."""
+    was = checkpoint.protected_until
+    checkpoint.protected_until = until
+    checkpoint.updated_by = actor
+    audit.record_many(
+        session,
+        [
+            audit.checkpoint_event(
+                checkpoint.id,
+                checkpoint.run_id,
+                "protected",
+                actor=actor,
+                at=now,
+                before={"protected_until": was},
+                after={"protected_until": until},
+                reason=f"protected: undeleted until {format_instant(until)}",
+            )
+        ],
+    )
 
 
 def request_restore(
@@ -492,21 +530,43 @@ def _primary_tier(checkpoint: Checkpoint) -> str | None:
 def enqueue_due_purges(
     session: Session, *, retention: timedelta, now: datetime, limit: int = 1000
 ) -> int:
-    """Create a purge for every trashed checkpoint whose trash period is over."""
+    """Create a purge for every trashed checkpoint whose trash period is over. A purge that
+    failed (refused because another checkpoint owns bytes there, say) is tried again only
+    after a pause that doubles with each failure, not every 30 s."""
     cutoff = now - retention
     rows = session.execute(
         select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes)
         .where(Checkpoint.state == "trashed", Checkpoint.trashed_at <= cutoff)
         .limit(limit)
     ).all()
+    failed = _failed_purges(session, [row[0] for row in rows])
     created = 0
     for checkpoint_id, run_id, size in rows:
         if _open_action(session, checkpoint_id, "purge", None) is not None:
+            continue
+        failures = failed.get(checkpoint_id)
+        if failures is not None and failures[1] + replan_after(failures[0]) > now:
             continue
         add_action(session, purge_action(session, checkpoint_id, run_id, size, now), now)
         created += 1
     session.flush()
     return created
+
+
+def _failed_purges(session: Session, checkpoint_ids: list[str]) -> dict[str, tuple[int, datetime]]:
+    """Per checkpoint: how many purges failed, and when the last one did."""
+    if not checkpoint_ids:
+        return {}
+    rows = session.execute(
+        select(Action.checkpoint_id, func.count(), func.max(Action.finished_at))
+        .where(
+            Action.checkpoint_id.in_(checkpoint_ids),
+            Action.kind == "purge",
+            Action.state == "failed",
+        )
+        .group_by(Action.checkpoint_id)
+    )
+    return {cid: (int(count), last) for cid, count, last in rows if last is not None}
 
 
 def purge_action(

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from app.domain.errors import Invalid, Unavailable
-from app.domain.tier import Located
-from app.storage.base import MANIFEST_CHECKSUMS, ObjectMissing, StorageError, UnsafePath
+from app.domain.tier import Located, symlink_leaving_tier
+from app.storage.base import (
+    MANIFEST_CHECKSUMS,
+    ObjectInfo,
+    ObjectMissing,
+    StorageError,
+    UnsafePath,
+)
 from app.storage.registry import storage_for
 
 Manifest = list[dict[str, Any]]
@@ -30,11 +37,33 @@ def normalise(files: list[dict[str, Any]]) -> Manifest:
     return out
 
 
-def list_manifest(located: Located) -> Manifest:
-    """List a checkpoint's files where it lives; refuses a missing or empty location."""
+@dataclass(frozen=True, slots=True)
+class Listed:
+    files: Manifest
+    single_file: bool  # the uri names one object, not a prefix
+
+
+def _entry(path: str, info: ObjectInfo) -> dict[str, Any]:
+    return {
+        "path": path,
+        "size_bytes": info.size_bytes,
+        **{n: info.checksums[n] for n in MANIFEST_CHECKSUMS if n in info.checksums},
+    }
+
+
+def list_manifest(located: Located) -> Listed:
+    """List a checkpoint's files where it lives: every object under the uri's prefix, or
+    the one object the uri names (a single-file checkpoint). Refuses a missing or empty
+    location."""
     storage = storage_for(located.tier)
     try:
-        infos = storage.list_prefix(located.key)
+        try:
+            infos = storage.list_prefix(located.key)
+        except ObjectMissing:
+            single = storage.head(located.key)
+            if single is None:
+                raise
+            return Listed([_entry(basename(located.key), single)], single_file=True)
     except ObjectMissing:
         raise Invalid(f"{located.uri!r} does not exist", field="uri") from None
     except UnsafePath as error:
@@ -43,20 +72,47 @@ def list_manifest(located: Located) -> Manifest:
         raise Unavailable(f"could not list {located.uri!r}: {error}", field="uri") from None
     if not infos:
         raise Invalid(f"{located.uri!r} holds no files", field="uri")
-    return [
-        {
-            "path": info.key,
-            "size_bytes": info.size_bytes,
-            **{n: info.checksums[n] for n in MANIFEST_CHECKSUMS if n in info.checksums},
-        }
-        for info in infos
-    ]
+    return Listed([_entry(info.key, info) for info in infos], single_file=False)
 
 
-def require_exists(located: Located) -> None:
-    """A committed checkpoint on a local tier must be there when registered."""
-    if located.tier.is_local and not storage_for(located.tier).prefix_exists(located.key):
+def basename(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
+
+
+def _names_itself(located: Located, files: Manifest) -> bool:
+    return len(files) == 1 and files[0]["path"] == basename(located.key)
+
+
+def check_supplied(located: Located, files: Manifest) -> bool:
+    """Check a manifest a job sent for a committed checkpoint; returns whether the uri
+    names one object (its manifest then is that one file, by its base name).
+
+    On a local tier the uri must exist, and no file may lead outside the tier through a
+    symlink (the same rule a listing applies). On object stores nothing is read: a
+    manifest of one file named like the uri's last segment is a single-file checkpoint."""
+    if not located.tier.is_local:
+        return _names_itself(located, files)
+    storage = storage_for(located.tier)
+    single = not storage.prefix_exists(located.key)
+    if single and storage.head(located.key) is None:
         raise Invalid(f"{located.uri!r} does not exist", field="uri")
+    if single and not _names_itself(located, files):
+        raise Invalid(
+            f"{located.uri!r} is one file: its manifest must be that file alone, "
+            f"with path {basename(located.key)!r}",
+            field="files",
+        )
+    if single:
+        return True  # `locate` has followed every component of the uri, the file included
+    paths = [str(e["path"]) for e in files]
+    leaving = symlink_leaving_tier(located.tier.parsed.path, located.key, paths)
+    if leaving is not None:
+        raise Invalid(
+            f"{leaving!r} of {located.uri!r} leads outside tier {located.tier.name!r} "
+            "through a symlink",
+            field="files",
+        )
+    return single
 
 
 def total_size(files: Manifest | None, size_bytes: int | None) -> int:

@@ -8,8 +8,11 @@ Two findings (DESIGN section 6, `GET /v1/reconcile`):
   an admin deletes them explicitly (`delete_orphans`), and only those a fresh scan still
   finds orphaned and older than a grace period (a job may write before it registers);
 - *drift* is a catalogued file that is missing, or whose size or checksum differs from the
-  manifest. The checkpoint's `health` becomes `drift` (and back to `ok` once a scan finds
-  it whole again), a warning is logged and the metrics count it.
+  manifest, or a location that overlaps another live checkpoint's (problem `overlap`,
+  naming the other: a catalog written before locations were kept apart may hold such
+  pairs; purges refuse to delete there). The checkpoint's `health` becomes `drift` (and
+  back to `ok` once a scan finds it whole again), a warning is logged and the metrics
+  count it.
 
 A scan lists every tier first and reads the catalog after, so whatever is catalogued while
 the listing runs is owned by the time objects are judged; a file that seems missing is
@@ -36,6 +39,7 @@ from app.db.session import session_scope
 from app.domain.access import RECONCILE_ACTOR
 from app.domain.tier import Tier
 from app.services import audit
+from app.services.overlap import overlapping_pairs
 from app.services.planning import OPEN_STATES
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
@@ -68,7 +72,9 @@ class Drift:
     tier: str
     key: str
     uri: str
-    problem: str  # missing | size: ... | sha256: ... | crc32c: ...
+    problem: str  # missing | overlap | size: ... | sha256: ... | crc32c: ...
+    other_checkpoint_id: str | None = None  # overlap: the checkpoint it overlaps
+    other_uri: str | None = None  # overlap: that checkpoint's location
 
 
 @dataclass
@@ -83,8 +89,12 @@ class Report:
 class _Catalogued:
     checkpoint_id: str
     tier: str
-    uri: str  # the location's prefix
+    uri: str  # the location's prefix, or its one object
     files: list[dict[str, object]] | None
+    single_file: bool = False
+
+    def file_uri(self, path: object) -> str:
+        return self.uri if self.single_file else f"{self.uri}/{path}"
 
 
 def _strip(uri: str) -> str:
@@ -118,32 +128,40 @@ def _list_tier(storage: Storage) -> list[ObjectInfo]:
         return []
 
 
-def _catalog(session: Session) -> tuple[list[_Catalogued], set[str]]:
-    """Live locations with their manifests, and every prefix something owns."""
+def _catalog(
+    session: Session,
+) -> tuple[list[_Catalogued], set[str], list[tuple[str, str, str]]]:
+    """Live locations with their manifests, every prefix something owns, and every
+    location of a `writing`, `active` or `trashed` checkpoint (checkpoint, tier, uri)."""
     owned: set[str] = set()
     live: list[_Catalogued] = []
+    placed: list[tuple[str, str, str]] = []
     rows = session.execute(
         select(Location.checkpoint_id, Location.tier, Location.uri, Checkpoint.state)
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
         .where(Checkpoint.state.in_(("writing", *LIVE_STATES)))
     ).all()
-    files: dict[str, list[dict[str, object]] | None] = {
-        checkpoint_id: manifest
-        for checkpoint_id, manifest in session.execute(
-            select(Checkpoint.id, Checkpoint.files).where(Checkpoint.state.in_(LIVE_STATES))
+    files: dict[str, tuple[list[dict[str, object]] | None, bool]] = {
+        checkpoint_id: (manifest, single_file)
+        for checkpoint_id, manifest, single_file in session.execute(
+            select(Checkpoint.id, Checkpoint.files, Checkpoint.single_file).where(
+                Checkpoint.state.in_(LIVE_STATES)
+            )
         )
     }
     for checkpoint_id, tier, uri, state in rows:
         owned.add(_strip(uri))
+        placed.append((checkpoint_id, tier, _strip(uri)))
         if state in LIVE_STATES:
-            live.append(_Catalogued(checkpoint_id, tier, _strip(uri), files.get(checkpoint_id)))
+            manifest, single_file = files.get(checkpoint_id, (None, False))
+            live.append(_Catalogued(checkpoint_id, tier, _strip(uri), manifest, single_file))
     for (uri,) in session.execute(select(Checkpoint.uri).where(Checkpoint.state == "writing")):
         owned.add(_strip(uri))
     for source, dest in session.execute(
         select(Action.source_uri, Action.dest_uri).where(Action.state.in_(OPEN_STATES))
     ):
         owned.update(_strip(u) for u in (source, dest) if u)
-    return live, owned
+    return live, owned, placed
 
 
 def _checksum_problem(expected: dict[str, object], found: Mapping[str, str]) -> str | None:
@@ -192,7 +210,7 @@ def scan(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = Fals
         listed[url] = {group[0].parsed.join(o.key): o for o in found}
         report.scanned_objects += len(found)
     with session_scope(factory) as session:
-        live, owned = _catalog(session)
+        live, owned, placed = _catalog(session)
 
     seen_uris: set[str] = set()
     for url, objects in listed.items():
@@ -212,13 +230,35 @@ def scan(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = Fals
         present = listed[_strip(owner.url)]
         base = _strip(owner.parsed.join(""))
         for entry in place.files:
-            uri = f"{place.uri}/{entry['path']}"
+            uri = place.file_uri(entry["path"])
             key = uri[len(base) :].lstrip("/")
             problem = _problem(entry, present.get(uri), storage_for(owner), key, deep)
             if problem is not None:
                 report.drift.append(Drift(place.checkpoint_id, place.tier, key, uri, problem))
+    report.drift.extend(_overlaps(placed, by_name))
     report.orphans.sort(key=lambda o: (o.tier, o.key))
     return report
+
+
+def _overlaps(placed: list[tuple[str, str, str]], tiers: Mapping[str, Tier]) -> list[Drift]:
+    """Both sides of every pair of overlapping locations, each naming the other."""
+    tier_of = {(cid, uri): tier for cid, tier, uri in placed}
+    found: list[Drift] = []
+    seen: set[tuple[str, str, str, str]] = set()
+    for inner, inner_uri, outer, outer_uri in overlapping_pairs((c, u) for c, _, u in placed):
+        for cid, uri, other, other_uri in (
+            (inner, inner_uri, outer, outer_uri),
+            (outer, outer_uri, inner, inner_uri),
+        ):
+            if (cid, uri, other, other_uri) in seen:
+                continue
+            seen.add((cid, uri, other, other_uri))
+            tier = tier_of[(cid, uri)]
+            owner = tiers.get(tier)
+            base = _strip(owner.parsed.join("")) if owner is not None else ""
+            key = uri[len(base) :].lstrip("/") if base and uri.startswith(base) else uri
+            found.append(Drift(cid, tier, key, uri, "overlap", other, other_uri))
+    return found
 
 
 def _problem(
@@ -245,7 +285,10 @@ def record_health(
     admins."""
     problems: dict[str, str] = {}
     for d in report.drift:
-        problems.setdefault(d.checkpoint_id, f"{d.problem} at {d.uri}")
+        with_whom = (
+            f" with {d.other_checkpoint_id} ({d.other_uri})" if d.other_checkpoint_id else ""
+        )
+        problems.setdefault(d.checkpoint_id, f"{d.problem}{with_whom} at {d.uri}")
     skipped = set(report.unreachable)
     with session_scope(factory) as session:
         was_drifting = set(

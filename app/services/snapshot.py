@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, and_, select
@@ -62,6 +63,13 @@ def _rows(session: Session, stmt: Select) -> list[Any]:  # type: ignore[type-arg
         return cursor.fetchall()  # type: ignore[no-any-return]
 
 
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes from a raw Core row; the catalog stores UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
 def load_scope(
     session: Session,
     *,
@@ -113,6 +121,7 @@ def load_scope(
             Checkpoint.metrics,
             Checkpoint.pinned,
             Location.tier,
+            Checkpoint.protected_until,
         )
         .outerjoin(
             Location, and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
@@ -136,7 +145,8 @@ def load_scope(
     by_run: dict[str, list[CheckpointSnapshot]] = defaultdict(list)
     single: dict[str | None, frozenset[str]] = {}  # one frozenset per tier, shared
     make = CheckpointSnapshot._make
-    for cid, rid, step, klass, size, created, metrics, pinned, tier in _rows(session, ckpt_stmt):
+    for row in _rows(session, ckpt_stmt):
+        cid, rid, step, klass, size, created, metrics, pinned, tier, protected = row
         extra = replicas.get(cid)
         if extra:
             held = frozenset((tier, *extra))
@@ -146,7 +156,20 @@ def load_scope(
             )
         by_run[rid].append(
             make(
-                (cid, rid, step, klass, "active", size, created, tier, held, metrics or {}, pinned)
+                (
+                    cid,
+                    rid,
+                    step,
+                    klass,
+                    "active",
+                    size,
+                    created,
+                    tier,
+                    held,
+                    metrics or {},
+                    pinned,
+                    _utc(protected),
+                )
             )
         )
     resumed_stmt = select(Run.resumed_from).where(

@@ -31,12 +31,22 @@ class TransientError(StorageError):
     retryable = True
 
 
-class ObjectMissing(StorageError):
+class PermanentError(StorageError):
+    """Trying again will not help (a missing object, a refused permission, an object lock,
+    an unsafe path): an action meeting one fails at once, with the reason."""
+
+
+class ObjectMissing(PermanentError):
     """The object or prefix does not exist."""
 
 
-class UnsafePath(StorageError):
+class UnsafePath(PermanentError):
     """A path under a tier leads outside it (a symlink, say)."""
+
+
+class PermissionDenied(PermanentError):
+    """The provider refused the request: missing rights, a retention policy, an object
+    lock or legal hold."""
 
 
 class ArchivedObject(StorageError):
@@ -123,6 +133,17 @@ class Storage(Protocol):
     def request_restore(self, key: str, *, days: int = 1) -> None:
         """Ask for an archived object to become readable; repeating it is harmless."""
         ...
+
+
+# Local failures that waiting does not heal (a full disk may: someone frees space).
+_PERMANENT_OS_ERRORS = (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether an action meeting `error` should fail now rather than be tried again."""
+    if isinstance(error, StorageError):
+        return isinstance(error, PermanentError)
+    return isinstance(error, _PERMANENT_OS_ERRORS)
 
 
 def join_key(prefix: str, relative: str) -> str:

@@ -30,6 +30,7 @@ from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from app.storage.base import (
     ObjectInfo,
     ObjectMissing,
+    PermissionDenied,
     RestoreState,
     Storage,
     StorageError,
@@ -114,6 +115,8 @@ def translate(error: BaseException, what: str) -> StorageError:
     message = f"{what}: {type(error).__name__}: {error}"
     if isinstance(error, api.NotFound):
         return ObjectMissing(message)
+    if isinstance(error, api.Forbidden):
+        return PermissionDenied(message)  # rights, a retention policy or a hold
     if isinstance(error, _TRANSIENT):
         return TransientError(message)
     if isinstance(error, api.GoogleAPICallError) and error.code == 408:
@@ -124,6 +127,8 @@ def translate(error: BaseException, what: str) -> StorageError:
             return TransientError(message)
         if status == 404:
             return ObjectMissing(message)
+        if status == 403:
+            return PermissionDenied(message)
     return StorageError(message)
 
 
@@ -450,7 +455,8 @@ class GcsStorage:
                 if status == 429 or status >= 500:
                     again.append(name)
                     continue
-                raise StorageError(f"delete {self._url(name)}: HTTP {status}: {reply.text[:200]}")
+                text = f"delete {self._url(name)}: HTTP {status}: {reply.text[:200]}"
+                raise PermissionDenied(text) if status == 403 else StorageError(text)
             pending = again
             if pending:
                 raise TransientError(

@@ -45,6 +45,7 @@ from app.storage.base import (
     ArchivedObject,
     ObjectInfo,
     ObjectMissing,
+    PermissionDenied,
     RestoreState,
     Storage,
     StorageError,
@@ -92,6 +93,7 @@ TRANSIENT_CODES = frozenset(
     }
 )
 MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+PERMISSION_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId"})
 ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 DEFAULT_CLASS = "STANDARD"
 LIST_PAGE = 1000  # ListObjectsV2's own maximum; one page is one DeleteObjects batch
@@ -152,8 +154,10 @@ def translate(error: BaseException, what: str) -> StorageError:
             return TransientError(text)
         if code in MISSING_CODES:
             return ObjectMissing(text)
-        if code == "InvalidObjectState":
+        if code == "InvalidObjectState":  # a 403 too, but a restore heals it
             return ArchivedObject(text)
+        if status == 403 or code in PERMISSION_CODES:
+            return PermissionDenied(text)  # rights, an object lock or a legal hold
         if code == "RequestTimeTooSkewed":
             return StorageError(f"{text} (the local clock differs from the server's)")
         return StorageError(text)
@@ -889,6 +893,8 @@ class S3Storage:
             )
             if all(code in TRANSIENT_CODES for code in codes):
                 raise TransientError(text)
+            if any(code in PERMISSION_CODES for code in codes):
+                raise PermissionDenied(text)  # a locked or held object among them
             raise StorageError(text)
 
         retrying(call, what=what)

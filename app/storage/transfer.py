@@ -68,9 +68,16 @@ class DigestingReader:
     that reads a body and rewinds it, sees the same bytes again, and each byte is digested
     once, when the reading first gets past it. `count` is how far that is."""
 
-    def __init__(self, inner: BinaryIO, algorithms: list[str], expected: int | None = None) -> None:
+    def __init__(
+        self,
+        inner: BinaryIO,
+        algorithms: list[str],
+        expected: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.expected = expected
+        self.progress = progress  # told of each byte once, when first read
         self.sha256 = hashlib.sha256() if "sha256" in algorithms else None
         self.crc32c = (
             google_crc32c.Checksum()  # type: ignore[no-untyped-call]
@@ -93,6 +100,8 @@ class DigestingReader:
             if self.position > self.count:
                 fresh = data[self.count - start :] if start < self.count else data
                 self.count = self.position
+                if self.progress is not None:
+                    self.progress(len(fresh))
                 if self.sha256 is not None:
                     self.sha256.update(fresh)
                 if self.crc32c is not None:
@@ -199,10 +208,13 @@ def copy_files(
     storage_class: str | None,
     concurrency: int = 4,
     on_file: Callable[[], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> TransferReport:
     """Copy every manifest file not already at the destination; raises VerificationFailed
     when streamed bytes disagree with the manifest. Files copy in parallel; memory stays
-    bounded because each file streams part by part."""
+    bounded because each file streams part by part. `on_bytes` hears of the bytes done as
+    they stream (a server-side copy or a file already there: once, whole)."""
+    done = on_bytes or (lambda _n: None)
     report = TransferReport()
     server_side = dest.same_service(source)
 
@@ -217,14 +229,16 @@ def copy_files(
             and mismatch(dest, dest_key, entry, source=source_info) is None
         ):
             report.add(skipped=True)
+            done(size)
             return
         if server_side:
             dest.copy_within(source, source_key, dest_key, size, storage_class=storage_class)
             report.add(server_side=size)
+            done(size)
             metrics.bytes_transferred("server_side", source.scheme, dest.scheme, size)
         else:
             with source.open_read(source_key) as raw:
-                reader = DigestingReader(raw, known_checksums(entry), expected=size)
+                reader = DigestingReader(raw, known_checksums(entry), size, progress=done)
                 dest.upload(dest_key, reader, size, storage_class=storage_class)  # type: ignore[arg-type]
             digests = reader.digests()
             for name, value in digests.items():

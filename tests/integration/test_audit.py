@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,15 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 
-from app.db.models import AuditEvent
+from app.db.models import AuditEvent, Checkpoint
 from app.db.session import session_scope
 from app.main import load_policies_into
 from app.services.checkpoints import set_pin
 from app.settings import Settings
 from tests.builders import (
+    ago,
     assert_problem,
     end_run,
     iso,
@@ -89,7 +89,14 @@ def test_a_lifecycle_leaves_an_ordered_trail_with_actors_changes_and_rules(
     assert client.delete(f"/v1/checkpoints/{cid}/pin").status_code == 200
     assert client.delete(f"/v1/checkpoints/{cid}").status_code == 202
     make_executor(auth_app).drain()  # a week of trash: no purge yet
-    assert client.post(f"/v1/checkpoints/{cid}/undelete").status_code == 200
+    undeleted = client.post(f"/v1/checkpoints/{cid}/undelete")
+    assert undeleted.status_code == 200
+    until = datetime.fromisoformat(undeleted.json()["protected_until"])
+    protected_until = f"{until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+    with session_scope(auth_app.state.session_factory) as session:  # its protection is over
+        session.execute(
+            update(Checkpoint).where(Checkpoint.id == cid).values(protected_until=ago(seconds=1))
+        )
     end_run(client, run["id"], datetime.now(UTC) - timedelta(hours=1))
     sweep_now(client)
     make_executor(auth_app, trash_retention=timedelta(0)).drain()
@@ -104,7 +111,7 @@ def test_a_lifecycle_leaves_an_ordered_trail_with_actors_changes_and_rules(
         ("action", "claimed", actor, "manual"),
         ("checkpoint", "trashed", actor, "manual"),
         ("action", "done", actor, "manual"),
-        ("checkpoint", "undeleted", actor, None),
+        ("checkpoint", "undeleted", actor, f"protected: undeleted until {protected_until}"),
         ("action", "created", keep, "tiering/keep-1"),
         ("action", "claimed", keep, "tiering/keep-1"),
         ("checkpoint", "trashed", keep, "tiering/keep-1"),
@@ -135,7 +142,10 @@ def test_a_lifecycle_leaves_an_ordered_trail_with_actors_changes_and_rules(
     assert events[3]["after"]["kind"] == "delete" and events[3]["after"]["state"] == "pending"
     assert events[3]["after"]["reason"] == "deleted by request"
     assert (events[5]["before"], events[5]["after"]) == ({"state": "active"}, {"state": "trashed"})
-    assert (events[7]["before"], events[7]["after"]) == ({"state": "trashed"}, {"state": "active"})
+    assert (events[7]["before"], events[7]["after"]) == (
+        {"state": "trashed"},
+        {"state": "active", "protected_until": undeleted.json()["protected_until"]},
+    )
     assert events[8]["after"]["sweep_id"]
     assert events[12]["after"]["kind"] == "purge"
     purged = by_event["checkpoint", "purged"]
@@ -335,11 +345,13 @@ def test_approvals_cancellations_and_retries_are_audited(
     )
     assert withdrawn["after"] == {"state": "cancelled", "error": "withdrawn by undelete"}
 
-    # a restore whose source has vanished: the worker puts it back to pending to retry
+    # a restore blocked for now (a file where its directory goes): back to pending to retry
     worker = make_executor(auth_app)
     worker.drain()  # the approved delete that was not withdrawn
     source = steps[2]
-    shutil.rmtree(step_dir(data_dir, "hot", run, 3))
+    blocker = step_dir(data_dir, "cold", run, 3)
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_bytes(b"in the way")
     restore = client.post(f"/v1/checkpoints/{source['id']}/restore", json={"tier": "cold"})
     assert worker.claim() == restore.json()["id"]
     worker.execute(restore.json()["id"])

@@ -80,7 +80,9 @@ def test_refused_registrations_do_not_count(client: TestClient, data_dir: Path) 
 
     assert register(client, run["id"], 1, uri).status_code == 200  # the same again
     assert_problem(register(client, run["id"], 1, uri, "final"), 409, "step")
-    assert_problem(register(client, run["id"], 2, uri, size_bytes=11), 422, "size_bytes")
+    assert_problem(register(client, run["id"], 2, uri), 409, "uri")  # step 1's place
+    other = write_checkpoint(data_dir / "hot", "proj/run-1/step-2", {"w": b"x" * 10})
+    assert_problem(register(client, run["id"], 2, other, size_bytes=11), 422, "size_bytes")
 
     assert usage(client)["hot"] == (10, 1)
 

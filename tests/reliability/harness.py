@@ -70,14 +70,16 @@ STEP = 10
 class Scenario:
     """One action: `kind` from the checkpoint's primary tier `source` to `target`; `replica`
     adds a second location first. `damage` makes it one that must fail: `corrupt` flips the
-    bytes of a file (verification fails), `missing` removes it (retried, then failed)."""
+    bytes of a file (verification fails), `missing` removes it (no waiting brings it back:
+    failed at once), `blocked` puts a file where the copy's directory goes (retried, then
+    failed)."""
 
     kind: Literal["move", "copy", "restore", "delete", "purge"]
     source: str
     target: str | None = None
     replica: str | None = None
     files: int = 2
-    damage: Literal["corrupt", "missing"] | None = None
+    damage: Literal["corrupt", "missing", "blocked"] | None = None
 
     @property
     def id(self) -> str:
@@ -100,6 +102,7 @@ LOCAL_SCENARIOS = [
     Scenario("purge", "hot", replica="cold"),
     Scenario("move", "hot", "cold", files=1, damage="corrupt"),
     Scenario("move", "hot", "cold", damage="missing"),  # one of two files: a partial copy
+    Scenario("move", "hot", "cold", damage="blocked"),
 ]
 # Across providers (the tiers of the `object_world` fixture).
 S3_SCENARIOS = [
@@ -125,6 +128,7 @@ COVERAGE_SCENARIOS = [
     Scenario("purge", "hot", replica="cold"),
     Scenario("move", "hot", "cold", files=1, damage="corrupt"),
     Scenario("move", "hot", "cold", damage="missing"),  # one of two files: a partial copy
+    Scenario("move", "hot", "cold", damage="blocked"),
     Scenario("move", "glacier", "gcs"),
     Scenario("move", "s3", "s3ia"),
 ]
@@ -362,6 +366,12 @@ def manifest_of(files: dict[str, bytes]) -> list[dict[str, Any]]:
     ]
 
 
+def blocker_uri(world: World, scenario: Scenario, prefix: str) -> str:
+    """A file named like the directory the copy's files go into."""
+    assert scenario.target is not None
+    return f"{world.tiers[scenario.target].parsed.join(prefix)}/model"
+
+
 def seed(world: World, factory: sessionmaker[Session], scenario: Scenario) -> Seeded:
     """A run with one checkpoint on `scenario.source` (and its replica) and one pending
     action, through the service functions the API uses."""
@@ -416,6 +426,11 @@ def seed(world: World, factory: sessionmaker[Session], scenario: Scenario) -> Se
         for path, data in placed.items():
             put_object(world, replica, _object_uri(replica_uri, path), data)
         locations.append((replica.name, "replica", replica_uri))
+    if scenario.damage == "blocked":
+        assert scenario.target is not None
+        put_object(
+            world, world.tiers[scenario.target], blocker_uri(world, scenario, prefix), b"in the way"
+        )
     if scenario.damage == "missing":
         gone = next(iter(placed))
         delete_object(world, _object_uri(source_uri, gone))
@@ -558,6 +573,8 @@ def at_end(world: World, seeded: Seeded, catalog: Catalog) -> list[str]:
         for _, _, uri in catalog.locations
         for path in seeded.expected_at(uri)
     }
+    if seeded.scenario.damage == "blocked":  # not the service's to remove: it wrote none of it
+        expected.add(blocker_uri(world, seeded.scenario, seeded.prefix))
     found = objects_under(world, seeded.project)
     if found - expected:
         violations.append(f"left behind: {sorted(found - expected)}")

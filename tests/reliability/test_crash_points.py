@@ -40,8 +40,9 @@ STORAGE_CHANGES = {
     for name, member in vars(Storage).items()
     if callable(member) and not name.startswith("_") and name not in STORAGE_READS
 }
-# The transfer helpers the executor calls: two write, one reads the copy back.
-TRANSFER_CALLS = {"copy_files", "change_class", "verify_files"}
+# The transfer helpers the executor calls: two write, one reads the copy back; and the one
+# way it removes a location's bytes.
+TRANSFER_CALLS = {"copy_files", "change_class", "verify_files", "remove_location"}
 # Executor methods that are one transaction each: their callers carry the crash point.
 STEP_CALLS = {"claim", "_set_step", "_switch", "_finish", "_retry"}
 # Transactions that change no outcome: renewing a lease (a worker that dies after it loses

@@ -32,7 +32,13 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import InvalidResponse
 
 from app.storage import retry
-from app.storage.base import ObjectMissing, StorageError, TransientError, UnsafePath
+from app.storage.base import (
+    ObjectMissing,
+    PermissionDenied,
+    StorageError,
+    TransientError,
+    UnsafePath,
+)
 from app.storage.gcs import SINGLE_REQUEST_MAX, GcsStorage, translate
 from app.storage.limits import MiB
 from app.storage.retry import ATTEMPTS
@@ -344,7 +350,7 @@ def response(status: int) -> requests.Response:
         (InvalidResponse(response(503), "upload chunk"), TransientError),
         (resumable_media.InvalidResponse(response(429), "chunk"), TransientError),
         (api.NotFound("gone"), ObjectMissing),
-        (api.Forbidden("no access"), StorageError),
+        (api.Forbidden("no access"), PermissionDenied),
         (api.BadRequest("bad"), StorageError),
         (InvalidResponse(response(400), "upload chunk"), StorageError),
     ],
