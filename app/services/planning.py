@@ -59,7 +59,7 @@ class PlanItem:
         return self.cost.total_usd if self.cost is not None else 0.0
 
 
-class PlanTotals(TypedDict):
+class Totals(TypedDict):
     """Byte totals keyed as section 6 names them: `deleted_bytes_by_tier` and
     `moved_bytes_by_tier` by the tier the bytes leave, `copied_bytes_by_tier` by the tier
     they are copied to; `usd_month_by_tier` by every tier whose bill changes (a move
@@ -82,7 +82,7 @@ class CatalogPlan:
         """The one-off charges of every planned action whose cost was computed."""
         return sum(i.cost.total_usd for i in self.items if i.cost is not None)
 
-    def totals(self) -> PlanTotals:
+    def totals(self) -> Totals:
         by_kind: dict[str, dict[str, int]] = {"delete": {}, "move": {}, "copy": {}}
         usd_month: dict[str, float] = {}
         for item in self.items:
@@ -92,7 +92,7 @@ class CatalogPlan:
             bucket[tier] = bucket.get(tier, 0) + a.bytes
             for name, amount in item.storage or ():
                 usd_month[name] = usd_month.get(name, 0.0) + amount
-        return PlanTotals(
+        return Totals(
             deleted_bytes_by_tier=by_kind["delete"],
             moved_bytes_by_tier=by_kind["move"],
             copied_bytes_by_tier=by_kind["copy"],
