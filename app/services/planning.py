@@ -80,7 +80,7 @@ class CatalogPlan:
 
     def fees_usd(self) -> float:
         """The one-off charges of every planned action whose cost was computed."""
-        return sum(i.cost.total_usd for i in self.items if i.cost is not None)
+        return sum((i.cost.total_usd for i in self.items if i.cost is not None), 0.0)
 
     def totals(self) -> Totals:
         by_kind: dict[str, dict[str, int]] = {"delete": {}, "move": {}, "copy": {}}
