@@ -86,16 +86,15 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     return out
 
 
-def _prices(values: list[str], tiers: list[Tier]) -> dict[str, dict[str, Any]]:
-    """`--price TIER=USD` (storage per GB-month; `*` for every tier) or TIER=provider/CLASS."""
+def _prices(values: list[str]) -> dict[str, dict[str, Any]]:
+    """`--price TIER=USD` (storage per GB-month) or TIER=provider/CLASS, as the request's
+    `prices`: `*` stays `*`, so it layers under the tiers named as the API's does."""
     out: dict[str, dict[str, Any]] = {}
     for name, value in _pairs(values, "--price").items():
         try:
-            override: dict[str, Any] = {"storage_gb_month": float(value)}
+            out[name] = {"storage_gb_month": float(value)}
         except ValueError:
-            override = {"catalog": value}
-        for tier in [t.name for t in tiers] if name == "*" else [name]:
-            out.setdefault(tier, {}).update(override)
+            out[name] = {"catalog": value}
     return out
 
 
@@ -233,7 +232,10 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         horizon_days: Annotated[int | None, typer.Option(help="default: run + 30")] = None,
         price: Annotated[
             list[str] | None,
-            typer.Option(help="TIER=USD per GB-month, or TIER=provider/CLASS; TIER * for all"),
+            typer.Option(
+                help="TIER=USD per GB-month, or TIER=provider/CLASS; TIER * for every "
+                "tier not named"
+            ),
         ] = None,
         metrics: Annotated[str, typer.Option(help="improving or missing")] = "improving",
         chart: Annotated[Path, typer.Option(help="PNG to write")] = Path("forecast.png"),
@@ -263,7 +265,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             "concurrent_runs": concurrent_runs,
             "horizon_days": horizon_days,
             "metrics": metrics,
-            "prices": _prices(list(price or []), tiers) or None,
+            "prices": _prices(list(price or [])) or None,
         }
         try:
             request = ForecastRequest.model_validate(

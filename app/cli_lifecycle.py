@@ -72,17 +72,31 @@ def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
             kept.add_row(str(k.step), k.checkpoint_id, "; ".join(k.reasons))
         console.print(kept)
     totals = plan.totals()
-    for label, key in (
-        ("deleted", "deleted_bytes_by_tier"),
-        ("moved", "moved_bytes_by_tier"),
-        ("copied", "copied_bytes_by_tier"),
+    for label, by_tier in (
+        ("deleted from", totals["deleted_bytes_by_tier"]),
+        ("moved from", totals["moved_bytes_by_tier"]),
+        ("copied to", totals["copied_bytes_by_tier"]),
     ):
-        for tier, size in sorted(totals[key].items()):
-            console.print(
-                f"{label} from {tier}: {human_bytes(size)}"
-                if label != "copied"
-                else f"copied to {tier}: {human_bytes(size)}"
-            )
+        for tier, size in sorted(by_tier.items()):
+            console.print(f"{label} {tier}: {human_bytes(size)}")
+    # One short line per tier: readable at 80 columns however many tiers change.
+    for tier, amount in sorted(totals["usd_month_by_tier"].items()):
+        console.print(f"storage on {tier}: {usd_text(amount, signed=True)}/month")
+    if plan.items:
+        monthly = usd_text(sum(i.usd_month for i in plan.items), signed=True)
+        note = ", deletes saving from their purge" if totals["deleted_bytes_by_tier"] else ""
+        console.print(f"storage in all: {monthly}/month{note}")
+        console.print(f"one-off charges: {usd_text(totals['one_off_usd'])}")
+
+
+def usd_text(amount: float, *, signed: bool = False) -> str:
+    """`$1,234.57`, or `-$1,234.57` / `+$0.05` when `signed`; an amount under a cent keeps
+    two significant digits (`$2.3e-05`) rather than print as $0.00."""
+    if amount == 0:
+        return "$0.00"
+    sign = ("-" if amount < 0 else "+") if signed else ""
+    size = abs(amount)
+    return f"{sign}${size:,.2f}" if size >= 0.01 else f"{sign}${size:.2g}"
 
 
 def operator() -> str:
@@ -173,7 +187,15 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             typer.echo(
                 json.dumps(
                     {
-                        "actions": [{**asdict(a.action), "state": a.state} for a in result.items],
+                        "actions": [
+                            {
+                                **asdict(a.action),
+                                "state": a.state,
+                                "usd_month": a.usd_month,
+                                "one_off_usd": a.one_off_usd,
+                            }
+                            for a in result.items
+                        ],
                         "kept": [asdict(k) for k in result.kept],
                         "skipped": [asdict(s) for s in result.skipped],
                         "totals": result.totals(),

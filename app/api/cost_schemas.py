@@ -73,6 +73,8 @@ Interval = Annotated[
     Field(max_length=32, examples=["3h", "1d", "end"]),
     AfterValidator(_interval),
 ]
+# A tier's name, or `*` for every tier (app.cost.inputs.tier_prices says how they layer).
+PricedTier = Annotated[str, Field(pattern=rf"^(\*|{NAME_PATTERN[1:-1]})$", examples=["*", "cold"])]
 Recipe = Literal["fp32-master-adam", "bf16-fp32-master-adam", "zero-mixed-adam"]
 
 
@@ -205,8 +207,11 @@ class ForecastRequest(Strict):
     metrics: Literal["improving", "missing"] = Field(
         "improving", description="how simulated checkpoints score on keep_best metrics"
     )
-    prices: Annotated[dict[Name, PriceOverride], Field(max_length=64)] | None = Field(
-        None, description="what-if prices per tier, over the tiers' own"
+    prices: Annotated[dict[PricedTier, PriceOverride], Field(max_length=64)] | None = Field(
+        None,
+        description="what-if prices per tier, over the tiers' own; `*` for every tier, a "
+        "tier's own entry winning over it figure by figure (a `catalog` it names starts "
+        "that tier afresh from the entry)",
     )
 
     def to_spec(self) -> ForecastSpec:

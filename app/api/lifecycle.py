@@ -93,6 +93,8 @@ def plan(
                 reason=i.action.reason,
                 bytes=i.action.bytes,
                 state=i.state,
+                usd_month=i.usd_month,
+                one_off_usd=i.one_off_usd,
             )
             for i in result.items
         ],

@@ -40,6 +40,16 @@ class PlanActionRead(BaseModel):
     reason: str
     bytes: int
     state: str
+    usd_month: float = Field(
+        description="the monthly storage change it makes at the tiers' prices, negative for a "
+        "saving: a delete frees every location (primary and replicas), and since it trashes "
+        "now and purges after CKPT_TRASH_RETENTION, the saving starts at the purge; a move "
+        "is (target price - source price) x bytes; a copy adds bytes at the target's price"
+    )
+    one_off_usd: float = Field(
+        description="the one-off charges it incurs: early deletion (on every tier a delete "
+        "frees, or the source a move leaves), retrieval, egress between providers, requests"
+    )
 
 
 class KeptRead(BaseModel):
@@ -55,9 +65,25 @@ class SkippedRead(BaseModel):
 
 
 class PlanTotals(BaseModel):
-    deleted_bytes_by_tier: dict[str, int]
-    moved_bytes_by_tier: dict[str, int]
-    copied_bytes_by_tier: dict[str, int]
+    """Bytes are keyed by the tier they leave for deletes and moves and by the tier they
+    reach for copies; dollars by the tier whose bill changes. Never rounded."""
+
+    deleted_bytes_by_tier: dict[str, int] = Field(
+        description="bytes deleted, keyed by the source: the checkpoint's primary tier "
+        "(the replicas a delete frees too count in usd_month_by_tier)"
+    )
+    moved_bytes_by_tier: dict[str, int] = Field(
+        description="bytes moved, keyed by the source: the tier they leave"
+    )
+    copied_bytes_by_tier: dict[str, int] = Field(
+        description="bytes copied, keyed by the destination: the tier that gains a replica"
+    )
+    usd_month_by_tier: dict[str, float] = Field(
+        description="the actions' usd_month summed per tier whose bill changes: a delete "
+        "lowers every tier it frees, a move lowers its source and raises its destination, "
+        "a copy raises its destination; 0 for a tier without a storage price"
+    )
+    one_off_usd: float = Field(description="the actions' one_off_usd summed")
 
 
 class PlanRead(BaseModel):

@@ -125,6 +125,34 @@ def planned_action_cost(
     )
 
 
+def planned_storage_change(
+    action: PlannedAction, checkpoint: CheckpointSnapshot, prices: Mapping[str, PriceQuote]
+) -> dict[str, float]:
+    """USD a month each tier's storage bill changes by once a planned action is done (never
+    rounded): a delete frees every location (the primary and each replica), counted from
+    its purge, since trashed bytes are billed until then; a move frees its source and fills
+    its target (unless a replica there already is billed, and becomes the primary); a copy
+    fills its target. A tier without a price changes by 0 but is still listed."""
+    size = action.bytes
+
+    def usd(tier: str) -> float:
+        quote = prices.get(tier)
+        return quote.usd_month(size) if quote is not None else 0.0
+
+    held = checkpoint.tiers | ({checkpoint.tier} if checkpoint.tier else set())
+    change: dict[str, float] = {}
+    if action.kind == "delete":
+        for tier in sorted(held or {action.from_tier or "?"}):
+            change[tier] = -usd(tier)
+    elif action.kind in ("move", "copy") and action.to_tier is not None:
+        if action.kind == "move":
+            source = action.from_tier or "?"
+            change[source] = -usd(source)
+        change[action.to_tier] = 0.0 if action.to_tier in held else usd(action.to_tier)
+    # 0 - 0.0 is -0.0, which JSON spells "-0.0": a free tier's change is plain 0.
+    return {tier: amount + 0.0 for tier, amount in change.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A demotion weighed: the penalty of leaving early against what L days save."""

@@ -51,25 +51,46 @@ def resolve_policy(
         raise Invalid(message, field=field) from None
 
 
+EVERY_TIER = "*"
+
+
 def tier_prices(
     tiers: Sequence[Tier], overrides: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, PriceQuote]:
     """Each tier's effective price, with what-if overrides per tier: `catalog` (the tier
-    priced as that entry instead) and any price figure over it."""
+    priced as that entry instead) and any price figure over it.
+
+    `*` overrides every tier, and a tier's own entry is layered over it whatever their
+    order: a figure the tier sets wins, and a `catalog` it names starts it afresh from that
+    entry (only the tier's own figures then apply over it). The HTTP API and the command
+    line both come here, so `"prices": {"*": ...}` and `--price '*=...'` mean one thing."""
     prices = {t.name: effective_price(t) for t in tiers}
-    for name, override in (overrides or {}).items():
-        if name not in prices:
+    overrides = overrides or {}
+    for name in overrides:
+        if name != EVERY_TIER and name not in prices:
             raise Invalid(
                 f"unknown tier {name!r}; configured tiers: {', '.join(prices)}",
                 field=f"prices.{name}",
             )
-        quote = prices[name]
-        named = override.get("catalog")
-        if named is not None:
-            key = known_entry(named)
-            if key is None:
-                raise Invalid(unknown_entry_message(named), field=f"prices.{name}.catalog")
-            quote = catalog_quote(key)
-        figures = {k: v for k, v in override.items() if k in FIGURES and v is not None}
-        prices[name] = with_figures(quote, figures)
+    every = overrides.get(EVERY_TIER)
+    for name in prices:
+        own = overrides.get(name)
+        if own is None and every is None:
+            continue
+        if own is not None and own.get("catalog") is not None:
+            prices[name] = _override(prices[name], own, field=f"prices.{name}")
+            continue
+        quote = _override(prices[name], every or {}, field=f"prices.{EVERY_TIER}")
+        prices[name] = _override(quote, own or {}, field=f"prices.{name}")
     return prices
+
+
+def _override(quote: PriceQuote, override: Mapping[str, Any], *, field: str) -> PriceQuote:
+    named = override.get("catalog")
+    if named is not None:
+        key = known_entry(named)
+        if key is None:
+            raise Invalid(unknown_entry_message(named), field=f"{field}.catalog")
+        quote = catalog_quote(key)
+    figures = {k: v for k, v in override.items() if k in FIGURES and v is not None}
+    return with_figures(quote, figures) if figures else quote

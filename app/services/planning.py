@@ -9,11 +9,17 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypedDict
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.cost.early_deletion import ActionCost, planned_action_cost, skip_costly_demotions
+from app.cost.early_deletion import (
+    ActionCost,
+    planned_action_cost,
+    planned_storage_change,
+    skip_costly_demotions,
+)
 from app.cost.prices import effective_price
 from app.db.models import Action, Run
 from app.domain.errors import Invalid
@@ -37,9 +43,33 @@ class PlanItem:
     action: PlannedAction
     state: str  # held | pending, or the state of the open action already in the ledger
     open_action_id: str | None = None
-    # One-off charges at the tiers' prices (retrieval, egress, early deletion, requests);
-    # computed for explained plans (dry runs), None in a sweep.
+    # One-off charges at the tiers' prices (retrieval, egress, early deletion, requests)
+    # and the USD a month each tier's storage bill changes by once done; computed for
+    # explained plans (dry runs), None in a sweep.
     cost: ActionCost | None = None
+    storage: tuple[tuple[str, float], ...] | None = None
+
+    @property
+    def usd_month(self) -> float:
+        """The monthly storage change the action makes, negative for a saving."""
+        return sum(amount for _, amount in self.storage or ()) + 0.0
+
+    @property
+    def one_off_usd(self) -> float:
+        return self.cost.total_usd if self.cost is not None else 0.0
+
+
+class Totals(TypedDict):
+    """Byte totals keyed as section 6 names them: `deleted_bytes_by_tier` and
+    `moved_bytes_by_tier` by the tier the bytes leave, `copied_bytes_by_tier` by the tier
+    they are copied to; `usd_month_by_tier` by every tier whose bill changes (a move
+    lowers its source's and raises its target's)."""
+
+    deleted_bytes_by_tier: dict[str, int]
+    moved_bytes_by_tier: dict[str, int]
+    copied_bytes_by_tier: dict[str, int]
+    usd_month_by_tier: dict[str, float]
+    one_off_usd: float
 
 
 @dataclass
@@ -50,25 +80,25 @@ class CatalogPlan:
 
     def fees_usd(self) -> float:
         """The one-off charges of every planned action whose cost was computed."""
-        return sum(i.cost.total_usd for i in self.items if i.cost is not None)
+        return sum((i.cost.total_usd for i in self.items if i.cost is not None), 0.0)
 
-    def totals(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {
-            "deleted_bytes_by_tier": {},
-            "moved_bytes_by_tier": {},
-            "copied_bytes_by_tier": {},
-        }
-        key = {
-            "delete": "deleted_bytes_by_tier",
-            "move": "moved_bytes_by_tier",
-            "copy": "copied_bytes_by_tier",
-        }
+    def totals(self) -> Totals:
+        by_kind: dict[str, dict[str, int]] = {"delete": {}, "move": {}, "copy": {}}
+        usd_month: dict[str, float] = {}
         for item in self.items:
             a = item.action
             tier = (a.to_tier if a.kind == "copy" else a.from_tier) or "?"
-            bucket = out[key[a.kind]]
+            bucket = by_kind[a.kind]
             bucket[tier] = bucket.get(tier, 0) + a.bytes
-        return out
+            for name, amount in item.storage or ():
+                usd_month[name] = usd_month.get(name, 0.0) + amount
+        return Totals(
+            deleted_bytes_by_tier=by_kind["delete"],
+            moved_bytes_by_tier=by_kind["move"],
+            copied_bytes_by_tier=by_kind["copy"],
+            usd_month_by_tier={name: amount + 0.0 for name, amount in usd_month.items()},
+            one_off_usd=self.fees_usd(),
+        )
 
 
 def exceeds_blast_radius(delete_count: int, delete_bytes: int, total: tuple[int, int]) -> bool:
@@ -209,6 +239,7 @@ def _plan(
     plan = CatalogPlan()
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
     costs: dict[tuple[str, str, str | None], ActionCost] = {}
+    changes: dict[tuple[str, str, str | None], tuple[tuple[str, float], ...]] = {}
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
@@ -242,9 +273,10 @@ def _plan(
         if explain and actions:
             by_id = {c.id: c for c in checkpoints}
             for a in actions:
-                costs[a.checkpoint_id, a.kind, a.to_tier] = planned_action_cost(
-                    a, by_id[a.checkpoint_id], prices, now
-                )
+                checkpoint = by_id[a.checkpoint_id]
+                key = (a.checkpoint_id, a.kind, a.to_tier)
+                costs[key] = planned_action_cost(a, checkpoint, prices, now)
+                changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
         per_project[run.project].extend(actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
@@ -264,9 +296,10 @@ def _plan(
         for a in actions:
             key = (a.checkpoint_id, a.kind, a.to_tier)
             open_action = existing.get(key)
+            cost, storage = costs.get(key), changes.get(key)
             if open_action is not None:
-                plan.items.append(PlanItem(a, open_action.state, open_action.id, costs.get(key)))
+                plan.items.append(PlanItem(a, open_action.state, open_action.id, cost, storage))
             else:
                 state = "held" if held and a.kind == "delete" else "pending"
-                plan.items.append(PlanItem(a, state, cost=costs.get(key)))
+                plan.items.append(PlanItem(a, state, cost=cost, storage=storage))
     return plan

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import typer
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner, Result
 
 from app.cli_cost import register
+from app.cost.prices import catalog
+from app.db.migrate import upgrade
+from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 from tests.cost.helpers import SHIPPED_POLICY
 
@@ -19,18 +23,22 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def ckpt(tmp_path: Path) -> typer.Typer:
+def cli_settings(tmp_path: Path) -> Settings:
     policies = tmp_path / "policies"
     policies.mkdir()
     shutil.copy(SHIPPED_POLICY, policies / "default.yaml")
-    settings = Settings(
+    return Settings(
         database_url=f"sqlite:///{tmp_path / 'ckpt.db'}",
         data_dir=tmp_path / "data",
         policies_dir=policies,
         auth="off",
     )
+
+
+@pytest.fixture
+def ckpt(cli_settings: Settings) -> typer.Typer:
     cli = typer.Typer()
-    register(cli, lambda: settings)
+    register(cli, lambda: cli_settings)
     return cli
 
 
@@ -89,6 +97,43 @@ def test_forecast_from_a_policy_file_with_a_catalog_price(
     assert body["at_run_end"]["bytes"] == (2 + 10) * 10**12
     assert body["series"][-1]["bytes_by_tier"]["cold"] == 10 * 10**12
     assert body["prices"]["cold"]["catalog"] == "aws/GLACIER_IR"
+
+
+def test_a_star_price_means_what_it_means_to_the_api(
+    ckpt: typer.Typer, cli_settings: Settings
+) -> None:
+    """`--price '*=USD'` and the API's `"prices": {"*": ...}` are one what-if: a tier named
+    too wins over the star whichever comes first, on the command line as over HTTP."""
+    args = ["forecast", "--checkpoint-bytes", "1e12", "--run-days", "10", "--json", "--no-chart"]
+    star_last = run(ckpt, *args, "--price", "cold=aws/GLACIER_IR", "--price", "*=0.023")
+    star_first = run(ckpt, *args, "--price", "*=0.023", "--price", "cold=aws/GLACIER_IR")
+    upgrade(cli_settings.database_url)
+    with TestClient(create_app(cli_settings, roles=NO_BACKGROUND)) as client:
+        response = client.post(
+            "/v1/forecast",
+            json={
+                "checkpoint_bytes": 10**12,
+                "run_days": 10,
+                "schedule": {"rolling": "3h", "milestone": "1d", "final": "end"},
+                "prices": {"*": {"storage_gb_month": 0.023}, "cold": {"catalog": "aws/GLACIER_IR"}},
+            },
+        )
+
+    assert star_last.exit_code == star_first.exit_code == 0, star_last.output
+    assert response.status_code == 200, response.text
+    answers = [json.loads(star_last.stdout), json.loads(star_first.stdout), response.json()]
+    assert answers[0] == answers[1] == answers[2]
+    prices = answers[0]["prices"]
+    assert prices["cold"]["catalog"] == "aws/GLACIER_IR"
+    assert (
+        prices["cold"]["storage_gb_month"]
+        == catalog()["aws/GLACIER_IR"].figures["storage_gb_month"]
+    )
+    assert {tier: q["storage_gb_month"] for tier, q in prices.items() if tier != "cold"} == {
+        "hot": 0.023,
+        "warm": 0.023,
+        "archive": 0.023,
+    }
 
 
 @pytest.mark.parametrize(

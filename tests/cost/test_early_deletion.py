@@ -19,6 +19,7 @@ from app.cost.early_deletion import (
     action_cost,
     early_deletion_usd,
     planned_action_cost,
+    planned_storage_change,
     skip_costly_demotions,
     weigh_demotion,
 )
@@ -114,6 +115,46 @@ def test_every_planned_action_is_priced() -> None:
     assert moved.retrieval_usd == pytest.approx(30.0)
     assert moved.early_deletion_usd == pytest.approx(1000 * 0.004 * 70 / 30)
     assert planned_action_cost(move, c, FREE, NOW).total_usd == 0.0
+
+
+def test_every_planned_action_changes_the_bills_of_the_tiers_it_touches() -> None:
+    """Per tier, USD a month (bytes / 10^9 x the tier's storage price): a delete frees the
+    primary and each replica; a move frees its source and fills its target, unless a
+    replica there already is billed; a copy fills its target."""
+    c = make_checkpoint(
+        7,
+        klass="milestone",
+        size_bytes=TB,
+        tier="cold",
+        replicas=("archive",),
+        age=timedelta(days=20),
+    )
+    policy = make_policy(rules=[rule("purge", "delete", klass="milestone")])
+    (delete,) = evaluate(
+        policy, make_run(status="completed"), [c], NOW, tier_ranks=TIER_RANKS
+    ).actions
+    price = {name: quote.storage_gb_month for name, quote in PRICES.items()}
+
+    assert planned_storage_change(delete, c, PRICES) == {
+        "archive": -1000 * price["archive"],
+        "cold": -1000 * price["cold"],
+    }
+    onto_replica = replace(delete, kind="move", to_tier="archive")
+    assert planned_storage_change(onto_replica, c, PRICES) == {
+        "cold": -1000 * price["cold"],
+        "archive": 0.0,
+    }
+    move = replace(delete, kind="move", from_tier="hot", to_tier="cold")
+    on_hot = c._replace(tier="hot", tiers=frozenset({"hot"}))
+    assert planned_storage_change(move, on_hot, PRICES) == {
+        "hot": -1000 * price["hot"],
+        "cold": 1000 * price["cold"],
+    }
+    copy = replace(delete, kind="copy", to_tier="warm")
+    assert planned_storage_change(copy, c, PRICES) == {"warm": 1000 * price["warm"]}
+    free = planned_storage_change(delete, c, FREE)
+    assert free == {"archive": 0.0, "cold": 0.0}
+    assert all(str(amount) == "0.0" for amount in free.values())  # not -0.0
 
 
 # --- weighing a demotion ---------------------------------------------------------------------

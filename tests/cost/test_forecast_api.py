@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.cost.prices import catalog
 from tests.builders import assert_problem
 
 TB = 10**12
@@ -96,6 +97,40 @@ def test_a_what_if_from_the_catalog(cost_client: TestClient) -> None:
     assert body["series"][-1]["bytes_by_tier"]["cold"] == 5 * TB
 
 
+def test_a_star_prices_every_tier(cost_client: TestClient) -> None:
+    """`*` is every tier, as `ckpt forecast --price '*=0.023'` has it: the same answer as
+    naming each tier, the worked example at $0.023 per GB-month."""
+    body = forecast(cost_client, prices={"*": {"storage_gb_month": 0.023}})
+
+    assert {tier: q["storage_gb_month"] for tier, q in body["prices"].items()} == {
+        tier: 0.023 for tier in FLAT
+    }
+    assert body["at_run_end"]["usd_month"] == pytest.approx(49 * TB / 10**9 * 0.023)
+    assert body == forecast(cost_client, prices=FLAT)
+
+
+def test_a_tier_named_beside_the_star_wins_over_it(cost_client: TestClient) -> None:
+    """Figure by figure; a catalog named on the tier starts it afresh from that entry."""
+    glacier = catalog()["aws/GLACIER_IR"].figures
+    star = {"storage_gb_month": 0.023, "egress_gb": 0.5}
+
+    body = forecast(
+        cost_client,
+        prices={
+            "archive": {"storage_gb_month": 0.001},
+            "cold": {"catalog": "aws/GLACIER_IR"},
+            "*": star,
+        },
+    )
+
+    prices = body["prices"]
+    assert (prices["hot"]["storage_gb_month"], prices["hot"]["egress_gb"]) == (0.023, 0.5)
+    assert (prices["archive"]["storage_gb_month"], prices["archive"]["egress_gb"]) == (0.001, 0.5)
+    assert prices["cold"]["catalog"] == "aws/GLACIER_IR"
+    assert prices["cold"]["storage_gb_month"] == glacier["storage_gb_month"] != 0.023
+    assert prices["cold"]["egress_gb"] == glacier["egress_gb"] != 0.5
+
+
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
@@ -118,6 +153,9 @@ def test_a_what_if_from_the_catalog(cost_client: TestClient) -> None:
         ({"prices": {"nowhere": {"storage_gb_month": 1}}}, "prices.nowhere"),
         ({"prices": {"hot": {"catalog": "aws/NOPE"}}}, "prices.hot.catalog"),
         ({"prices": {"hot": {"storage_gb_month": -1}}}, "prices.hot.storage_gb_month"),
+        ({"prices": {"*": {"catalog": "aws/NOPE"}}}, "prices.*.catalog"),
+        ({"prices": {"*": {"storage_gb_month": -1}}}, "prices.*.storage_gb_month"),
+        ({"prices": {"hot*": {"storage_gb_month": 1}}}, "prices"),
         ({"metrics": "random"}, "metrics"),
         ({"extra": 1}, "extra"),
     ],

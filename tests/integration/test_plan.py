@@ -102,6 +102,8 @@ def test_whole_catalog_plan_lists_actions_kept_and_totals(
             "reason": action["reason"],
             "bytes": checkpoint["size_bytes"],
             "state": "pending",
+            "usd_month": 0.0,  # the default local tiers are not priced
+            "one_off_usd": 0.0,
         }
         assert "rolling-keep-3" in action["reason"]
         assert "keep_last 3" in action["reason"]
@@ -120,6 +122,8 @@ def test_whole_catalog_plan_lists_actions_kept_and_totals(
         "deleted_bytes_by_tier": {"hot": deleted},
         "moved_bytes_by_tier": {},
         "copied_bytes_by_tier": {},
+        "usd_month_by_tier": {"hot": 0.0},
+        "one_off_usd": 0.0,
     }
 
 
@@ -337,5 +341,8 @@ def test_moves_and_copies_are_totalled_by_tier(client: TestClient, data_dir: Pat
         "deleted_bytes_by_tier": {},
         "moved_bytes_by_tier": {"hot": hot_bytes, "warm": on_warm["size_bytes"]},
         "copied_bytes_by_tier": {"archive": final["size_bytes"]},
+        # Every tier whose bill the actions change; none of these local tiers is priced.
+        "usd_month_by_tier": {"hot": 0.0, "warm": 0.0, "cold": 0.0, "archive": 0.0},
+        "one_off_usd": 0.0,
     }
     assert tree(step_dir(data_dir, "cold", run, 100)) == {}
