@@ -38,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 Role = Literal["id", "value", "text"]
-TEXT_MIN_WIDTH = 24  # narrower than this, a reason reads one word per line
+TEXT_MIN_WIDTH = 20  # narrower than this, a reason reads one word per line
 
 
 def stdout() -> Console:
@@ -151,7 +151,10 @@ def print_table(
     ids, the lines run past its edge rather than cut one."""
     console = stdout()
     table = build_table(title, columns, rows, width=console.width)
-    console.print(table, width=max(console.width, table_width(table)), crop=False)
+    needed = table_width(table)
+    if needed > console.width:
+        console = Console(width=needed)
+    console.print(table)
 
 
 # --- progress ------------------------------------------------------------------------------
