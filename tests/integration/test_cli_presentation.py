@@ -93,6 +93,8 @@ def visible(terminal: str) -> str:
         (False, ("plan", "--json"), "planning the catalog"),
         (True, ("worker", "--once"), "executing due actions"),
         (False, ("report",), "costing the catalog"),
+        (False, ("reconcile",), "tiers with the catalog"),
+        (False, ("reconcile", "delete-orphans", "--all"), "then deleting orphans"),
     ],
 )
 def test_progress_on_a_terminal_and_none_when_piped(
