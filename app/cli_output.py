@@ -171,18 +171,6 @@ class Tick:
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, steps)
 
-    def update(
-        self,
-        description: str | None = None,
-        *,
-        total: int | None = None,
-        completed: int | None = None,
-    ) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(
-                self._task, description=description, total=total, completed=completed
-            )
-
 
 class _Count(ProgressColumn):
     """`done/total` when the total is known, `done` while counting, nothing before."""
@@ -195,8 +183,9 @@ class _Count(ProgressColumn):
 
 @contextmanager
 def progress(description: str, *, total: int | None = None) -> Iterator[Tick]:
-    """A spinner (with a bar and counts once `total` is known) on stderr while the block
-    runs, drawn at once and cleared at the end. Off a terminal it draws nothing at all."""
+    """What the block is doing on stderr while it runs: a spinner, a bar (pulsing until a
+    `total` is known), the count advanced so far and the time taken. Drawn at once, so even
+    a quick command shows it, and cleared at the end. Off a terminal it draws nothing."""
     console = stderr()
     if not console.is_terminal:
         yield Tick(None, None)
