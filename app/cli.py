@@ -11,6 +11,7 @@ import uvicorn
 
 from app.cli_cost import register as register_cost_commands
 from app.cli_lifecycle import register as register_lifecycle_commands
+from app.cli_reconcile import register as register_reconcile_commands
 from app.cli_token import register as register_token_commands
 from app.db import migrate as migrations
 from app.logging import UVICORN_LOG_CONFIG, configure_logging
@@ -80,6 +81,7 @@ def migrate() -> None:
 register_lifecycle_commands(cli, _settings)
 register_token_commands(cli, _settings)
 register_cost_commands(cli, _settings)
+register_reconcile_commands(cli, _settings)
 
 
 def main() -> None:

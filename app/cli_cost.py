@@ -3,7 +3,6 @@ will cost under a policy (with a chart), and how big and how often to checkpoint
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +10,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.cost_schemas import (
@@ -24,6 +21,7 @@ from app.api.cost_schemas import (
     planner_read,
     report_read,
 )
+from app.cli_output import Column, emit_json, human_bytes, print_table, progress, usd
 from app.cost.chart import render_forecast
 from app.cost.forecast import forecast as run_forecast
 from app.cost.inputs import resolve_policy, tier_prices
@@ -39,7 +37,6 @@ from app.services.policies import parse_yaml
 from app.settings import Settings
 from app.tiers import load_tiers
 
-console = Console()
 DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
 TB = 10**12
 
@@ -49,18 +46,6 @@ class Catalog:
     settings: Settings
     factory: sessionmaker[Session]
     tiers: list[Tier]
-
-
-def human_bytes(size_bytes: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size_bytes) < 1000 or unit == "TB":
-            return f"{size_bytes:.0f} {unit}" if unit == "B" else f"{size_bytes:.1f} {unit}"
-        size_bytes /= 1000
-    return f"{size_bytes:.1f} PB"  # pragma: no cover
-
-
-def usd(amount: float) -> str:
-    return f"${amount:,.2f}"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -99,18 +84,24 @@ def _prices(values: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def render_report(body: dict[str, Any]) -> None:
-    table = Table(title=f"cost by {body['group_by']}")
-    for column in ("key", "bytes", "checkpoints", "trashed", "$/month"):
-        table.add_column(column, justify="left" if column == "key" else "right")
-    for row in body["rows"]:
-        table.add_row(
+    columns = (
+        Column("key", role="id"),
+        Column("bytes", justify="right"),
+        Column("checkpoints", drop=2, justify="right"),
+        Column("trashed", drop=1, justify="right"),
+        Column("$/month", justify="right"),
+    )
+    rows = [
+        (
             row["name"] or row["key"],
             human_bytes(row["bytes"]),
             str(row["checkpoints"]),
             human_bytes(row["trashed_bytes"]),
             usd(row["usd_month"]),
         )
-    console.print(table)
+        for row in body["rows"]
+    ]
+    print_table(f"cost by {body['group_by']}", columns, rows)
     typer.echo(f"total: {human_bytes(body['total_bytes'])}, {usd(body['total_usd_month'])}/month")
 
 
@@ -121,22 +112,30 @@ def render_forecast_table(result: ForecastRead, every: int) -> None:
         for t in result.at_run_end.bytes_by_tier
         if any(d.bytes_by_tier.get(t) for d in result.series)
     ] or list(result.at_run_end.bytes_by_tier)[:1]
-    table = Table(title=f"forecast: policy {result.policy}, {result.concurrent_runs} run(s)")
-    for column in ("day", *tiers, "total", "$/month", "keep everything", "$/month (keep)"):
-        table.add_column(column, justify="right")
+    columns = (
+        Column("day", justify="right"),
+        *[Column(t, drop=3, justify="right") for t in tiers],
+        Column("total", justify="right"),
+        Column("$/month", justify="right"),
+        Column("keep everything", drop=2, justify="right"),
+        Column("$/month (keep)", drop=1, justify="right"),
+    )
+    rows = []
     for policy_day, keep_day in zip(result.series, keep.series, strict=True):
         last = policy_day.day == result.horizon_days
         if policy_day.day % every and policy_day.day != result.run_days and not last:
             continue
-        table.add_row(
-            str(policy_day.day),
-            *[human_bytes(policy_day.bytes_by_tier.get(t, 0)) for t in tiers],
-            human_bytes(policy_day.bytes),
-            usd(policy_day.usd_month),
-            human_bytes(keep_day.bytes),
-            usd(keep_day.usd_month),
+        rows.append(
+            (
+                str(policy_day.day),
+                *[human_bytes(policy_day.bytes_by_tier.get(t, 0)) for t in tiers],
+                human_bytes(policy_day.bytes),
+                usd(policy_day.usd_month),
+                human_bytes(keep_day.bytes),
+                usd(keep_day.usd_month),
+            )
         )
-    console.print(table)
+    print_table(f"forecast: policy {result.policy}, {result.concurrent_runs} run(s)", columns, rows)
     end, keep_end = result.at_run_end, keep.at_run_end
     typer.echo(
         f"at run end: {human_bytes(end.bytes)}, {usd(end.usd_month)}/month "
@@ -198,12 +197,12 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         if group_by not in GROUPS:
             raise _fail(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
         catalog = open_catalog()
-        with session_scope(catalog.factory) as session:
+        with progress("costing the catalog"), session_scope(catalog.factory) as session:
             body = report_read(
                 cost_report(session, tiers=catalog.tiers, group_by=group_by, project=project)
             ).model_dump(mode="json")
         if as_json:
-            typer.echo(json.dumps(body, indent=2))
+            emit_json(body)
             return
         render_report(body)
 
@@ -278,7 +277,8 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             else:
                 chosen = resolve_policy(None, tiers, request.policy)
             prices = tier_prices(tiers, request.price_overrides())
-            result = run_forecast(spec, chosen, tiers, prices)
+            with progress(f"forecasting {spec.horizon} days"):
+                result = run_forecast(spec, chosen, tiers, prices)
         except ValidationError as error:
             raise _fail(_validation(error)) from None
         except AppError as error:
@@ -287,11 +287,12 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             ) from None
         read = forecast_read(result, prices)
         if as_json:
-            typer.echo(json.dumps(read.model_dump(mode="json"), indent=2))
+            emit_json(read.model_dump(mode="json"))
         else:
             render_forecast_table(read, every)
         if not no_chart:
-            written = render_forecast(result, chart)
+            with progress(f"drawing {chart}"):
+                written = render_forecast(result, chart)
             typer.echo(f"chart: {written}", err=as_json)
 
     @cli.command()
@@ -354,6 +355,6 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                 f"{error.field}: {error.message}" if error.field else error.message
             ) from None
         if as_json:
-            typer.echo(json.dumps(result.model_dump(exclude_none=True), indent=2))
+            emit_json(result.model_dump(exclude_none=True))
             return
         render_sizing(result)

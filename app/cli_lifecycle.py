@@ -11,14 +11,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from prometheus_client import start_http_server
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.cli_output import Column, emit_json, human_bytes, print_table, progress
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.access import operator_actor
@@ -34,43 +33,70 @@ from app.services.policies import PolicyFileError, parse_yaml, validate_policy
 from app.settings import Settings
 from app.tiers import load_tiers
 
-console = Console()
+DRAIN_LIMIT = 10_000  # as Executor.drain: one `--once` run ends even if actions keep coming
 policy_cli = typer.Typer(help="Policy files: schema and validation.", no_args_is_help=True)
 
 
-def human_bytes(size: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(size) < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} PB"
+PLAN_COLUMNS = (
+    Column("step", drop=5, justify="right"),
+    Column("checkpoint", role="id"),
+    Column("kind"),
+    Column("from", drop=8),
+    Column("to", drop=4),
+    Column("bytes", drop=6, justify="right"),
+    Column("state", drop=7),
+    Column("rule", drop=9),
+    Column("reason", role="text"),
+)
+KEPT_COLUMNS = (
+    Column("step", drop=1, justify="right"),
+    Column("checkpoint", role="id"),
+    Column("why", role="text"),
+)
+
+
+def plan_document(plan: CatalogPlan) -> dict[str, Any]:
+    """The plan as `ckpt plan --json` and `ckpt sweep --dry-run --json` print it."""
+    return {
+        "actions": [
+            {
+                **asdict(a.action),
+                "state": a.state,
+                "usd_month": a.usd_month,
+                "one_off_usd": a.one_off_usd,
+            }
+            for a in plan.items
+        ],
+        "kept": [asdict(k) for k in plan.kept],
+        "skipped": [asdict(s) for s in plan.skipped],
+        "totals": plan.totals(),
+    }
 
 
 def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
-    table = Table(title=f"{len(plan.items)} planned actions")
-    for column in ("step", "checkpoint", "kind", "from", "to", "bytes", "state", "rule", "reason"):
-        table.add_column(column)
+    rows = []
     for item in plan.items:
         a = item.action
-        table.add_row(
-            str(a.step),
-            a.checkpoint_id,
-            a.kind,
-            a.from_tier or "",
-            a.to_tier or "",
-            human_bytes(a.bytes),
-            item.state,
-            a.rule,
-            a.reason,
+        rows.append(
+            (
+                str(a.step),
+                a.checkpoint_id,
+                a.kind,
+                a.from_tier or "",
+                a.to_tier or "",
+                human_bytes(a.bytes),
+                item.state,
+                a.rule,
+                a.reason,
+            )
         )
-    console.print(table)
+    print_table(f"{len(plan.items)} planned actions", PLAN_COLUMNS, rows)
     if show_kept:
-        kept = Table(title=f"{len(plan.kept)} checkpoints kept")
-        for column in ("step", "checkpoint", "why"):
-            kept.add_column(column)
-        for k in plan.kept:
-            kept.add_row(str(k.step), k.checkpoint_id, "; ".join(k.reasons))
-        console.print(kept)
+        print_table(
+            f"{len(plan.kept)} checkpoints kept",
+            KEPT_COLUMNS,
+            [(str(k.step), k.checkpoint_id, "; ".join(k.reasons)) for k in plan.kept],
+        )
     totals = plan.totals()
     for label, by_tier in (
         ("deleted from", totals["deleted_bytes_by_tier"]),
@@ -78,15 +104,15 @@ def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
         ("copied to", totals["copied_bytes_by_tier"]),
     ):
         for tier, size in sorted(by_tier.items()):
-            console.print(f"{label} {tier}: {human_bytes(size)}")
+            typer.echo(f"{label} {tier}: {human_bytes(size)}")
     # One short line per tier: readable at 80 columns however many tiers change.
     for tier, amount in sorted(totals["usd_month_by_tier"].items()):
-        console.print(f"storage on {tier}: {usd_text(amount, signed=True)}/month")
+        typer.echo(f"storage on {tier}: {usd_text(amount, signed=True)}/month")
     if plan.items:
         monthly = usd_text(sum(i.usd_month for i in plan.items), signed=True)
         note = ", deletes saving from their purge" if totals["deleted_bytes_by_tier"] else ""
-        console.print(f"storage in all: {monthly}/month{note}")
-        console.print(f"one-off charges: {usd_text(totals['one_off_usd'])}")
+        typer.echo(f"storage in all: {monthly}/month{note}")
+        typer.echo(f"one-off charges: {usd_text(totals['one_off_usd'])}")
 
 
 def usd_text(amount: float, *, signed: bool = False) -> str:
@@ -171,7 +197,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                 if policy is not None
                 else None
             )
-            with session_scope(factory) as session:
+            with progress("planning the catalog"), session_scope(factory) as session:
                 result = plan_catalog(
                     session,
                     tiers=tiers,
@@ -184,25 +210,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             typer.echo(f"ckpt: {error.field}: {error.message}", err=True)
             raise typer.Exit(2) from None
         if as_json:
-            typer.echo(
-                json.dumps(
-                    {
-                        "actions": [
-                            {
-                                **asdict(a.action),
-                                "state": a.state,
-                                "usd_month": a.usd_month,
-                                "one_off_usd": a.one_off_usd,
-                            }
-                            for a in result.items
-                        ],
-                        "kept": [asdict(k) for k in result.kept],
-                        "skipped": [asdict(s) for s in result.skipped],
-                        "totals": result.totals(),
-                    },
-                    indent=2,
-                )
-            )
+            emit_json(plan_document(result))
             return
         render_plan(result, show_kept=kept)
 
@@ -211,28 +219,34 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run", help="plan only")] = False,
         project: Annotated[str | None, typer.Option(help="only this project")] = None,
         run: Annotated[str | None, typer.Option(help="only this run id")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
     ) -> None:
         """Evaluate now and write the planned actions to the ledger."""
         ctx = prepare()
         factory, tiers = ctx.factory, ctx.tiers
         now = datetime.now(UTC)
         if dry_run:
-            with session_scope(factory) as session:
-                render_plan(
-                    plan_catalog(session, tiers=tiers, now=now, project=project, run_id=run),
-                    show_kept=False,
-                )
+            with progress("planning the catalog"), session_scope(factory) as session:
+                result = plan_catalog(session, tiers=tiers, now=now, project=project, run_id=run)
+            if as_json:
+                emit_json(plan_document(result))
+            else:
+                render_plan(result, show_kept=False)
             return
-        sweep_id, ids = run_sweep(
-            factory,
-            tiers=tiers,
-            now=now,
-            trigger="manual",
-            actor=operator(),
-            project=project,
-            run_id=run,
-        )
-        console.print(f"sweep {sweep_id}: {len(ids)} actions written to the ledger")
+        with progress("sweeping: planning and writing actions to the ledger"):
+            sweep_id, ids = run_sweep(
+                factory,
+                tiers=tiers,
+                now=now,
+                trigger="manual",
+                actor=operator(),
+                project=project,
+                run_id=run,
+            )
+        if as_json:
+            emit_json({"sweep_id": sweep_id, "action_ids": ids})
+            return
+        typer.echo(f"sweep {sweep_id}: {len(ids)} actions written to the ledger")
 
     def _run_until_signal(runtime: Runtime) -> None:
         stop = threading.Event()
@@ -250,7 +264,12 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         ctx = prepare()
         runtime = _runtime(ctx, worker=True, scheduler=False, evaluator=False)
         if once:
-            console.print(f"{runtime.executor.drain()} actions executed")
+            executed = 0
+            with progress("executing due actions") as tick:
+                while executed < DRAIN_LIMIT and runtime.executor.run_once():
+                    executed += 1
+                    tick.advance()
+            typer.echo(f"{executed} actions executed")
             return
         _serve_metrics(ctx.settings)
         _run_until_signal(runtime)
@@ -283,7 +302,7 @@ def validate(files: list[Path]) -> None:
     for path in files:
         try:
             policy = validate_policy(parse_yaml(path.read_text(), field=str(path)), tiers)
-            console.print(f"{path}: ok ({policy.name}, {len(policy.rules)} rules)")
+            typer.echo(f"{path}: ok ({policy.name}, {len(policy.rules)} rules)")
         except AppError as error:
             failed = True
             typer.echo(f"{path}: {error.field}: {error.message}", err=True)

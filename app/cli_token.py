@@ -3,18 +3,16 @@ first admin token of a deployment without CKPT_BOOTSTRAP_TOKEN."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.cli_lifecycle import operator
+from app.cli_output import Column, emit_json, moment, print_table, progress, stderr
 from app.db import migrate as migrations
 from app.db.models import Token
 from app.db.session import make_engine, make_session_factory, session_scope
@@ -23,8 +21,6 @@ from app.logging import configure_logging
 from app.services import tokens
 from app.settings import Settings
 
-console = Console()
-err_console = Console(stderr=True)
 token_cli = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
 
 
@@ -32,6 +28,17 @@ class ScopeChoice(StrEnum):
     read = "read"
     register = "register"
     admin = "admin"
+
+
+TOKEN_COLUMNS = (
+    Column("id", role="id"),
+    Column("name", role="text"),
+    Column("scopes"),
+    Column("projects", role="text", drop=2),
+    Column("created", drop=4),
+    Column("by", drop=5),
+    Column("revoked", drop=3),
+)
 
 
 def _row(token: Token) -> dict[str, Any]:
@@ -45,6 +52,10 @@ def _row(token: Token) -> dict[str, Any]:
         "revoked_at": token.revoked_at.isoformat() if token.revoked_at else None,
         "revoked_by": token.revoked_by,
     }
+
+
+def _minute(iso: str | None) -> str:
+    return moment(datetime.fromisoformat(iso)) if iso else ""
 
 
 def _fail(error: AppError, code: int = 2) -> typer.Exit:
@@ -88,9 +99,9 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                 raise _fail(error) from None
             row = _row(token)
         if as_json:
-            typer.echo(json.dumps({**row, "token": secret}, indent=2))
+            emit_json({**row, "token": secret})
             return
-        err_console.print(
+        stderr().print(
             f"created token {row['id']} ({name}): scopes {', '.join(row['scopes'])}; "
             f"projects {', '.join(row['projects'])}. Store the secret below now: "
             "it is not shown again."
@@ -105,31 +116,34 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         """List tokens (never their secrets), newest first."""
         rows: list[dict[str, Any]] = []
         cursor: str | None = None
-        with session_scope(factory()) as session:
+        with progress("listing tokens") as tick, session_scope(factory()) as session:
             while True:
                 page, cursor = tokens.list_tokens(
                     session, include_revoked=include_revoked, limit=1000, cursor=cursor
                 )
                 rows.extend(_row(t) for t in page)
+                tick.advance(len(page))
                 if cursor is None:
                     break
         if as_json:
-            typer.echo(json.dumps(rows, indent=2))
+            emit_json(rows)
             return
-        table = Table(title=f"{len(rows)} tokens")
-        for column in ("id", "name", "scopes", "projects", "created", "by", "revoked"):
-            table.add_column(column)
-        for r in rows:
-            table.add_row(
-                r["id"],
-                r["name"],
-                ",".join(r["scopes"]),
-                ",".join(r["projects"]),
-                r["created_at"],
-                r["created_by"],
-                r["revoked_at"] or "",
-            )
-        console.print(table)
+        print_table(
+            f"{len(rows)} tokens",
+            TOKEN_COLUMNS,
+            [
+                (
+                    r["id"],
+                    r["name"],
+                    ",".join(r["scopes"]),
+                    ",".join(r["projects"]),
+                    _minute(r["created_at"]),
+                    r["created_by"],
+                    _minute(r["revoked_at"]),
+                )
+                for r in rows
+            ],
+        )
 
     @token_cli.command("revoke")
     def revoke(token_id: Annotated[str, typer.Argument(help="the token's id (tok_...)")]) -> None:

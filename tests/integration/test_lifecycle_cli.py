@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +75,11 @@ class Setup:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
+def setup(tmp_path: Path) -> Setup:
+    return make_setup(tmp_path)
+
+
+def make_setup(tmp_path: Path) -> Setup:
     """The shipped default policy; one active run with five rolling checkpoints on hot."""
     url = f"sqlite:///{tmp_path / 'db' / 'ckpt.db'}"
     data_dir = tmp_path / "data"
@@ -88,7 +91,7 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
     with TestClient(create_app(settings, roles=NO_BACKGROUND)) as client:
         run = make_run(client, "llm", "run-1")
         ckpts = {step: place_checkpoint(client, data_dir, run, step) for step in range(1, 6)}
-    yield Setup(tmp_path, url, data_dir, policies_dir, run, ckpts)
+    return Setup(tmp_path, url, data_dir, policies_dir, run, ckpts)
 
 
 def test_plan_json_shows_actions_kept_and_totals(setup: Setup) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from rich.cells import cell_len
 from sqlalchemy import Engine, text
 
 from app.main import NO_BACKGROUND, create_app
@@ -40,8 +42,7 @@ def ckpt(database_url: str, clean_engine: Engine, tmp_path: Path) -> Ckpt:
             cwd=tmp_path,
             CKPT_DATABASE_URL=database_url,
             CKPT_DATA_DIR=str(tmp_path / "data"),
-            COLUMNS="250",
-            **variables,
+            **{"COLUMNS": "250", **variables},
         )
 
     return run
@@ -108,6 +109,37 @@ def test_token_create_json_and_refusals(ckpt: Ckpt) -> None:
     assert bad_scope.returncode != 0 and "Traceback" not in bad_scope.stderr
     bad_name = run("token", "create", "Bad Name", "--scope", "admin")
     assert bad_name.returncode == 2 and "name" in bad_name.stderr
+
+
+def test_token_list_at_80_columns_shows_every_id_whole_as_json_does(ckpt: Ckpt) -> None:
+    for name, scope, project in (
+        ("trainer-llama-70b-east", "register", "llama"),
+        ("dashboard-reader", "read", "*"),
+        ("ops", "admin", "*"),
+    ):
+        made = ckpt("token", "create", name, "--scope", scope, "--project", project, "--json")
+        assert made.returncode == 0, made.stderr
+        remember_secret(json.loads(made.stdout)["token"])
+
+    listed = ckpt("token", "list", "--json")
+    table = ckpt("token", "list", COLUMNS="80")
+    wide = ckpt("token", "list", COLUMNS="250")
+
+    assert listed.returncode == table.returncode == wide.returncode == 0, table.stderr
+    rows = json.loads(listed.stdout)
+    assert [r["name"] for r in rows] == ["ops", "dashboard-reader", "trainer-llama-70b-east"]
+    lines = table.stdout.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    assert re.findall(r"tok_[0-9a-f]{28}", table.stdout) == [r["id"] for r in rows]
+    for r in rows:
+        [line] = [line for line in lines if r["id"] in line]
+        assert r["name"] in line and ",".join(r["scopes"]) in line
+    wide_header = next(line for line in wide.stdout.splitlines() if "scopes" in line)
+    for column in ("id", "name", "scopes", "projects", "created", "by", "revoked"):
+        assert column in wide_header
+    for r in rows:
+        [line] = [line for line in wide.stdout.splitlines() if r["id"] in line]
+        assert r["created_by"] in line and r["created_at"][:16].replace("T", " ") in line
 
 
 BOOTSTRAP = remember_secret("serve-bootstrap-secret-0123456789")
