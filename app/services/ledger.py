@@ -386,8 +386,10 @@ def undelete(
     policy deletes or moves it for `protect_for` (the trash retention), then its policy
     governs it again."""
     checkpoint = get_checkpoint(session, checkpoint_id)
+    until = now + protect_for
     if checkpoint.state == "active":
-        _protect(session, checkpoint, actor, now, now + protect_for)
+        before, after = {"protected_until": checkpoint.protected_until}, {"protected_until": until}
+        _protect(session, checkpoint, actor, now, until, "protected", before, after)
         _cancel_open(
             session,
             checkpoint_id,
@@ -411,26 +413,10 @@ def undelete(
         busy="its bytes are being purged right now",
         why="withdrawn by undelete",
     )
-    until = now + protect_for
     checkpoint.state = "active"
     checkpoint.trashed_at = None
-    checkpoint.protected_until = until
-    checkpoint.updated_by = actor
-    audit.record_many(
-        session,
-        [
-            audit.checkpoint_event(
-                checkpoint.id,
-                checkpoint.run_id,
-                "undeleted",
-                actor=actor,
-                at=now,
-                before={"state": "trashed"},
-                after={"state": "active", "protected_until": until},
-                reason=f"protected: undeleted until {format_instant(until)}",
-            )
-        ],
-    )
+    after: dict[str, Any] = {"state": "active", "protected_until": until}
+    _protect(session, checkpoint, actor, now, until, "undeleted", {"state": "trashed"}, after)
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
@@ -439,10 +425,17 @@ def undelete(
 
 
 def _protect(
-    session: Session, checkpoint: Checkpoint, actor: str, now: datetime, until: datetime
+    session: Session,
+    checkpoint: Checkpoint,
+    actor: str,
+    now: datetime,
+    until: datetime,
+    event: str,
+    before: dict[str, Any],
+    after: dict[str, Any],
 ) -> None:
-    """An undelete of a checkpoint whose delete had not run yet protects it all the same."""
-    was = checkpoint.protected_until
+    """Protect an undeleted checkpoint until `until` and audit it as `event` (`undeleted`
+    from the trash, `protected` when its delete had not run yet)."""
     checkpoint.protected_until = until
     checkpoint.updated_by = actor
     audit.record_many(
@@ -451,11 +444,11 @@ def _protect(
             audit.checkpoint_event(
                 checkpoint.id,
                 checkpoint.run_id,
-                "protected",
+                event,
                 actor=actor,
                 at=now,
-                before={"protected_until": was},
-                after={"protected_until": until},
+                before=before,
+                after=after,
                 reason=f"protected: undeleted until {format_instant(until)}",
             )
         ],
