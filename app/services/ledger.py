@@ -415,8 +415,8 @@ def undelete(
     )
     checkpoint.state = "active"
     checkpoint.trashed_at = None
-    after: dict[str, Any] = {"state": "active", "protected_until": until}
-    _protect(session, checkpoint, actor, now, until, "undeleted", {"state": "trashed"}, after)
+    back: dict[str, Any] = {"state": "active", "protected_until": until}
+    _protect(session, checkpoint, actor, now, until, "undeleted", {"state": "trashed"}, back)
     count_active(
         session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
     )
