@@ -8,10 +8,14 @@ from typing import Annotated
 
 import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
+from starlette.routing import BaseRoute
 
 from app.api.auth import authorize
 from app.domain.access import Principal
+from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
 
@@ -35,6 +39,36 @@ async def _session(request: Request) -> AsyncIterator[Session]:
         raise
     finally:
         session.close()  # no transaction is left open here, so this does no I/O
+
+
+def query_parameters(routes: list[BaseRoute]) -> dict[int, tuple[str, ...]]:
+    """id of each API route -> the query parameters it declares (its dependencies' too)."""
+
+    def walk(dependant: Dependant) -> list[str]:
+        own = [p.alias for p in dependant.query_params]
+        return own + [name for sub in dependant.dependencies for name in walk(sub)]
+
+    return {
+        id(route): tuple(dict.fromkeys(walk(route.dependant)))
+        for route in routes
+        if isinstance(route, APIRoute)
+    }
+
+
+async def known_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take: `?projct=gpt` silently ignored
+    would list everything, which reads as an answer to the question asked."""
+    if not request.query_params:
+        return
+    known: dict[int, tuple[str, ...]] = request.app.state.query_parameters
+    route = request.scope.get("route")
+    if id(route) not in known:  # a route added after the app was built
+        known.update(query_parameters(request.app.routes))
+    takes = known.get(id(route), ())
+    for name in request.query_params:
+        if name not in takes:
+            hint = f"it takes {', '.join(takes)}" if takes else "it takes none"
+            raise Invalid(f"{name} is not a query parameter of this route; {hint}", field=name)
 
 
 async def _tiers(request: Request) -> list[Tier]:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import authorize
-from app.domain.errors import AppError
+from app.domain.errors import AppError, UnsupportedMedia
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("app.api")
@@ -44,6 +44,35 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     return problem(error.status, error.title, detail, error.headers or None, **extra)
 
 
+def _sent_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def not_json(request: Request) -> UnsupportedMedia:
+    """The refusal of a body that did not say it is JSON: otherwise it reads as missing."""
+    sent = request.headers.get("content-type")
+    said = f"it was sent as {sent[:80]!r}" if sent else "it was sent without a content-type"
+    return UnsupportedMedia(
+        f"body: send it as JSON with 'content-type: application/json' ({said})", field="body"
+    )
+
+
+def _sentence(item: Mapping[str, Any], message: str) -> str:
+    """pydantic's message without its machinery: our validators' own words for a
+    ValueError, and the choices of a closed set said once."""
+    kind = item.get("type")
+    if kind in ("value_error", "assertion_error"):
+        reason = (item.get("ctx") or {}).get("error")
+        return str(reason) if reason is not None else message.split(", ", 1)[-1]
+    if kind == "literal_error":
+        expected = (item.get("ctx") or {}).get("expected")
+        return f"must be one of {expected}" if expected else message
+    return message
+
+
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
     # FastAPI parses the body before it runs the authorization dependency: a caller who may
@@ -52,9 +81,12 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
         await authorize(request)
     except AppError as refused:
         return await _app_error(request, refused)
+    errors = error.errors()
+    if not _sent_json(request) and any(tuple(i.get("loc", ())) == ("body",) for i in errors):
+        return await _app_error(request, not_json(request))
     items = []
     malformed = False
-    for item in error.errors():
+    for item in errors:
         loc = tuple(item.get("loc", ()))
         message = str(item.get("msg", "invalid"))
         if item.get("type") == "json_invalid":
@@ -66,6 +98,7 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
             message = f"not valid JSON{where}" + (f" ({reason})" if reason else "")
         else:
             field = _field(loc)
+            message = _sentence(item, message)
         items.append({"field": field, "message": message})
     detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:10])
     if malformed:

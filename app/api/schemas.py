@@ -54,6 +54,10 @@ class RunCreate(Strict):
     labels: Labels = Field(default_factory=dict)
     policy: Name | None = None
     resumed_from: Annotated[str, Field(max_length=40)] | None = None
+    started_at: Timestamp | None = Field(
+        default=None,
+        description="when the run began (an adopted or back-filled run); now if left out",
+    )
 
 
 class RunUpdate(Strict):

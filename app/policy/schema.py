@@ -88,7 +88,26 @@ class CopyTo(Strict):
     copy_to: str
 
 
-Action = Literal["delete"] | MoveTo | CopyTo
+ACTIONS = "delete, {move_to: <tier>} or {copy_to: <tier>}"
+
+
+def _action(value: object) -> object:
+    """Refuse a misspelt action once, saying which actions exist, before the union tries
+    each member and reports three failures that name pydantic's classes."""
+    if value == "delete":
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((key, target),) = value.items()
+        if key in ("move_to", "copy_to"):
+            if not isinstance(target, str):
+                raise ValueError(f"{key} takes a tier's name")
+            return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise ValueError(f"{shown} is not an action: the actions are {ACTIONS}")
+
+
+Action = Annotated[Literal["delete"] | MoveTo | CopyTo, BeforeValidator(_action)]
 
 CALENDAR_CLAUSES = ("keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
 
