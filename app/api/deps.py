@@ -9,7 +9,7 @@ from typing import Annotated
 import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
 from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from sqlalchemy.orm import Session
 from starlette.routing import BaseRoute
 
@@ -42,16 +42,17 @@ async def _session(request: Request) -> AsyncIterator[Session]:
 
 
 def query_parameters(routes: list[BaseRoute]) -> dict[int, tuple[str, ...]]:
-    """id of each API route -> the query parameters it declares (its dependencies' too)."""
+    """id of each API route -> the query parameters it declares (its dependencies' too);
+    routes of included routers are their own objects, as in app.api.auth.route_templates."""
 
     def walk(dependant: Dependant) -> list[str]:
         own = [p.alias for p in dependant.query_params]
         return own + [name for sub in dependant.dependencies for name in walk(sub)]
 
     return {
-        id(route): tuple(dict.fromkeys(walk(route.dependant)))
-        for route in routes
-        if isinstance(route, APIRoute)
+        id(context.original_route): tuple(dict.fromkeys(walk(context.original_route.dependant)))
+        for context in iter_route_contexts(routes)
+        if isinstance(context.original_route, APIRoute)
     }
 
 

@@ -39,15 +39,10 @@ def action_reads(session: Session, actions: list[Action]) -> list[ActionRead]:
     """The ledger keeps the worker's phase in its `step` column; the answer's `step` is the
     checkpoint's (as in a plan), read for the whole page in one query."""
     ids = sorted({a.checkpoint_id for a in actions})
-    steps = (
-        dict(
-            session.execute(
-                select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(ids))
-            ).tuples()
-        )
-        if ids
-        else {}
-    )
+    steps: dict[str, int] = {}
+    if ids:
+        query = select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(ids))
+        steps = {checkpoint_id: step for checkpoint_id, step in session.execute(query)}
     return [
         ActionRead(
             id=a.id,
