@@ -18,7 +18,6 @@ from app.services.executor import Executor
 from app.services.tokens import create_token
 from app.settings import Settings
 
-
 # Runs start here unless a test says otherwise, so that a test may end one on any later
 # date it likes (a run cannot end before it started).
 RUNS_START = "2020-01-01T00:00:00Z"

@@ -44,7 +44,7 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     return problem(error.status, error.title, detail, error.headers or None, **extra)
 
 
-def _sent_json(request: Request) -> bool:
+def sent_json(request: Request) -> bool:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
@@ -82,7 +82,7 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     except AppError as refused:
         return await _app_error(request, refused)
     errors = error.errors()
-    if not _sent_json(request) and any(tuple(i.get("loc", ())) == ("body",) for i in errors):
+    if not sent_json(request) and any(tuple(i.get("loc", ())) == ("body",) for i in errors):
         return await _app_error(request, not_json(request))
     items = []
     malformed = False

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from typing_extensions import TypedDict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -36,12 +37,25 @@ Metrics = Annotated[
 ]
 
 
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?")
+
+
+def _iso(value: object) -> object:
+    """Only an ISO 8601 date and time: pydantic would read 1700000000 or "0.5" as seconds
+    since 1970, which no caller means."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and RFC3339.fullmatch(value):
+        return value
+    raise ValueError("must be an ISO 8601 date and time, such as 2026-01-02T03:04:05Z")
+
+
 def _utc(value: datetime) -> datetime:
     """Timestamps are UTC; a value without an offset is taken as UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, BeforeValidator(_iso), AfterValidator(_utc)]
 
 
 class Strict(BaseModel):
