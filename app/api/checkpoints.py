@@ -9,7 +9,6 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api.convert import checkpoint_read
-from app.api.errors import not_json, sent_json
 from app.api.deps import (
     Cursor,
     EvaluateLater,
@@ -19,6 +18,7 @@ from app.api.deps import (
     SessionDep,
     TiersDep,
 )
+from app.api.errors import not_json, sent_json
 from app.api.schemas import (
     CheckpointCommit,
     CheckpointCreate,
