@@ -30,6 +30,7 @@ from app.api import (
 )
 from app.api.auth import authorize, document_security, route_templates
 from app.api.deps import known_query, query_parameters
+from app.api.openapi import document_inputs, document_policies, document_problems
 from app.api.schemas import CheckpointCreate
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
@@ -178,6 +179,9 @@ def _document_raw_bodies(app: FastAPI) -> None:
                 components.setdefault(name, sub)
             components["CheckpointCreate"] = body
             document_security(schema)
+            document_problems(schema)
+            document_inputs(schema, app.state.tiers)
+            document_policies(schema, app.state.tiers)
             app.openapi_schema = schema
         return app.openapi_schema
 

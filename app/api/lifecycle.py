@@ -87,7 +87,7 @@ def _what_if(
         try:
             row = policies.get_policy_row(session, policy)
         except NotFound:
-            raise Invalid(f"no policy is named {policy!r}", field="policy") from None
+            raise NotFound(f"no policy is named {policy!r}", field="policy") from None
         return policies.validate_policy(row.document, names)
     try:
         return policies.validate_policy(policy, names)

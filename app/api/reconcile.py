@@ -48,7 +48,22 @@ class OrphanRef(BaseModel):
 
 
 class OrphanDeleteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Either a list of orphans or `all: true`, as the document says too.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["orphans"],
+                    "properties": {"orphans": {"type": "array"}, "all": {"const": False}},
+                },
+                {
+                    "required": ["all"],
+                    "properties": {"all": {"const": True}, "orphans": {"type": "null"}},
+                },
+            ]
+        },
+    )
 
     orphans: list[OrphanRef] | None = Field(
         default=None,

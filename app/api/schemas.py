@@ -16,8 +16,21 @@ MAX_INT64 = 2**63 - 1
 Name = Annotated[str, Field(pattern=NAME_PATTERN, examples=["llama-70b"])]
 RunStatus = Literal["active", "completed", "failed"]
 CheckpointState = Literal["writing", "active", "trashed", "deleted"]
-# Strict: a step or size sent as "100", 100.0 or true is a client bug, not a number to guess.
-Count = Annotated[int, Field(ge=0, le=MAX_INT64, strict=True)]
+
+
+def whole(value: object) -> object:
+    """A JSON integer: 100, or 100.0 (the same number to JSON Schema, and so to generated
+    clients); "100", 1.5 and true are client bugs, not numbers to guess."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    return value
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(whole)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=63)]
 LabelValue = Annotated[str, Field(max_length=256)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
@@ -60,6 +73,24 @@ Timestamp = Annotated[datetime, BeforeValidator(_iso), AfterValidator(_utc)]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Rules between fields, in JSON Schema, for the document: an optional field left out and
+# one sent as null mean the same to the service.
+def present(name: str) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+def absent(*names: str) -> dict[str, Any]:
+    return {"properties": {name: {"type": "null"} for name in names}}
+
+
+def not_both(a: str, b: str) -> dict[str, Any]:
+    return {"not": {"allOf": [present(a), present(b)]}}
+
+
+def only_with(name: str, needed: str) -> dict[str, Any]:
+    return {"anyOf": [absent(name), present(needed)]}
 
 
 class RunCreate(Strict):
@@ -223,7 +254,43 @@ ScopeName = Literal["read", "register", "admin"]
 ProjectGrant = Annotated[str, Field(pattern=r"^(\*|[a-z0-9][a-z0-9._-]{0,62})$")]
 
 
+ADMIN_IN_SCOPES: dict[str, Any] = {"properties": {"scopes": {"contains": {"const": "admin"}}}}
+
+
 class TokenCreate(Strict):
+    """`projects` is required unless the scopes hold admin, whose only grant is ["*"];
+    "*" stands alone."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {"anyOf": [present("projects"), ADMIN_IN_SCOPES]},
+                {
+                    "anyOf": [
+                        {"not": ADMIN_IN_SCOPES},
+                        {
+                            "properties": {
+                                "projects": {"anyOf": [{"type": "null"}, {"items": {"const": "*"}}]}
+                            }
+                        },
+                    ]
+                },
+                {
+                    "properties": {
+                        "projects": {
+                            "anyOf": [
+                                {"type": "null"},
+                                {"items": {"const": "*"}},
+                                {"items": {"not": {"const": "*"}}},
+                            ]
+                        }
+                    }
+                },
+            ]
+        },
+    )
+
     name: Name
     scopes: Annotated[list[ScopeName], Field(min_length=1, max_length=3)]
     projects: (

@@ -39,11 +39,13 @@ Duration = Annotated[
     timedelta,
     BeforeValidator(_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "pattern": r"^\d+[smhdw]$", "examples": ["7d", "12h"]}),
+    WithJsonSchema({"type": "string", "pattern": r"^\d{1,6}[smhdw]$", "examples": ["7d", "12h"]}),
 ]
 
 
 def _count(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():  # 3.0 is 3 to JSON Schema
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError("must be an integer >= 0, or -1 for all")
     if value < -1:
@@ -51,7 +53,7 @@ def _count(value: object) -> object:
     return value
 
 
-Count = Annotated[int, BeforeValidator(_count)]
+Count = Annotated[int, BeforeValidator(_count), WithJsonSchema({"type": "integer", "minimum": -1})]
 
 
 class Strict(BaseModel):

@@ -53,7 +53,7 @@ def _check_resumed_from(
         ).one_or_none()
     )
     if row is None or (projects is not None and row[0] not in projects):
-        raise Invalid(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
+        raise NotFound(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
 
 
 def create_run(

@@ -242,8 +242,8 @@ def test_stored_policy_by_name_is_a_what_if(client: TestClient, catalog: Catalog
     assert {a["rule"] for a in what_if["actions"]} == {"strict/keep-2"}
 
 
-def test_unknown_policy_name_is_422(client: TestClient, catalog: Catalog) -> None:
-    body = assert_problem(client.post("/v1/plan", json={"policy": "nothing"}), 422, "policy")
+def test_unknown_policy_name_is_a_404_naming_policy(client: TestClient, catalog: Catalog) -> None:
+    body = assert_problem(client.post("/v1/plan", json={"policy": "nothing"}), 404, "policy")
 
     assert "nothing" in body["detail"]
 

@@ -129,10 +129,10 @@ def test_resumed_from_cannot_reach_into_another_project(
     client = client_for(auth_app, "register", "mine")
     theirs = catalog.checkpoints["theirs"][0]["id"]
     body = {"project": "mine", "name": "resumed", "resumed_from": theirs}
-    assert_problem(client.post("/v1/runs", json=body), 422, "resumed_from")
+    assert_problem(client.post("/v1/runs", json=body), 404, "resumed_from")
     run_id = catalog.runs["mine"]["id"]
     patch = client.patch(f"/v1/runs/{run_id}", json={"resumed_from": theirs})
-    assert_problem(patch, 422, "resumed_from")
+    assert_problem(patch, 404, "resumed_from")
     mine = catalog.checkpoints["mine"][0]["id"]
     ok = client.post("/v1/runs", json={**body, "resumed_from": mine})
     assert ok.status_code == 201, ok.text

@@ -219,7 +219,7 @@ def test_resumed_from_must_name_an_existing_checkpoint(client: TestClient, data_
     refused = client.post(
         "/v1/runs", json={"project": "proj", "name": "attempt-2", "resumed_from": "ckpt_missing"}
     )
-    assert_problem(refused, 422, "resumed_from")
+    assert_problem(refused, 404, "resumed_from")
     assert run_names(client) == ["proj/attempt-1"]
 
     second = client.post(
@@ -238,7 +238,7 @@ def test_patch_resumed_from_is_checked_and_can_be_cleared(
 
     assert_problem(
         client.patch(f"/v1/runs/{run['id']}", json={"resumed_from": "ckpt_missing"}),
-        422,
+        404,
         "resumed_from",
     )
     assert client.get(f"/v1/runs/{run['id']}").json()["resumed_from"] is None
