@@ -70,9 +70,10 @@ def _policy_ref(value: object) -> object:
 Whole = Annotated[int, Field(ge=1, le=MAX_BYTES), BeforeValidator(_whole)]
 Positive = Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False, strict=True)]
 # Bounded so that their product is a checkpoint of at most MAX_BYTES, as the document says:
-# 10^16 parameters (10,000 times the largest models) at up to 100 bytes each.
+# 10^16 parameters (10,000 times the largest models) at 1 to 100 bytes each (a checkpoint
+# of at least one byte).
 Parameters = Annotated[int, Field(ge=1, le=10**16), BeforeValidator(_whole)]
-PerParameter = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False, strict=True)]
+PerParameter = Annotated[float, Field(ge=1, le=100, allow_inf_nan=False, strict=True)]
 Money = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)]
 Days = Annotated[int, Field(ge=1, le=MAX_DAYS), BeforeValidator(_whole)]
 # What parse_duration reads and _duration keeps, said in the document (a longer one is

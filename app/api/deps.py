@@ -103,4 +103,6 @@ NowDep = Annotated[datetime, Depends(_now)]
 PrincipalDep = Annotated[Principal, Depends(authorize)]
 EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size, at most 1000")]
+# An id to filter by: no id holds a NUL, and PostgreSQL refuses one as a parameter.
+IdFilter = Annotated[str | None, Query(max_length=40, pattern=r"^[^\x00]*$")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor of the last page")]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Request, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.convert import checkpoint_read
-from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
+from app.api.deps import Cursor, IdFilter, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import (
     ActionKind,
     ActionRead,
@@ -183,8 +181,8 @@ def list_actions(
     cursor: Cursor = None,
     state: ActionState | None = None,
     kind: ActionKind | None = None,
-    checkpoint_id: Annotated[str | None, Query(max_length=40)] = None,
-    run_id: Annotated[str | None, Query(max_length=40)] = None,
+    checkpoint_id: IdFilter = None,
+    run_id: IdFilter = None,
 ) -> Page[ActionRead]:
     rows, next_cursor = ledger.list_actions(
         session,

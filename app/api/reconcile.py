@@ -118,6 +118,10 @@ async def delete_orphans(
     a fresh scan still finds orphaned and that were written over an hour ago."""
     if (body.orphans is None) == (not body.all):
         raise Invalid("name the orphans, or set all: true (not both)", field="orphans")
+    names = {t.name for t in tiers}
+    for i, orphan in enumerate(body.orphans or []):
+        if orphan.tier not in names:
+            raise Invalid(f"unknown tier {orphan.tier!r}", field=f"orphans[{i}].tier")
     wanted = None if body.all else [(o.tier, o.key) for o in body.orphans or []]
     factory = request.app.state.session_factory
     deleted, refused = await run_in_threadpool(

@@ -14,8 +14,11 @@ from app.services import runs
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
-# `key:value`; a key holds no `"` or backslash, which no JSON path could carry on SQLite.
-LabelFilter = Annotated[str, Field(pattern=r'^[^:"\\]{1,63}:.{0,256}$', examples=["team:pretrain"])]
+# `key:value`; a key holds no `"` or backslash, which no JSON path could carry on SQLite,
+# and neither holds a NUL, which no label holds (PostgreSQL refuses one in a parameter).
+LabelFilter = Annotated[
+    str, Field(pattern=r'^[^:"\\\x00]{1,63}:[^\x00]{0,256}$', examples=["team:pretrain"])
+]
 
 
 @router.post(

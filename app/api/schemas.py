@@ -127,6 +127,11 @@ class RunRead(BaseModel):
     updated_by: str | None = Field(description="who changed it last")
 
 
+# What _relative_path accepts, for the document (the validator keeps its plainer messages).
+_SEGMENT = r"(?:[^/\\\x00.][^/\\\x00]*|\.[^/\\\x00.][^/\\\x00]*|\.\.[^/\\\x00]+)"
+RELATIVE_PATH = f"^{_SEGMENT}(?:/{_SEGMENT})*$"
+
+
 def _relative_path(value: str) -> str:
     if value.startswith("/") or "\\" in value or "\x00" in value:
         raise ValueError("must be a relative path with '/' separators")
@@ -142,7 +147,16 @@ class FileEntry(TypedDict):
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
-    path: Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_relative_path)]
+    path: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            json_schema_extra={"pattern": RELATIVE_PATH},
+            description="relative, '/' separated, no '.', '..' or empty segments",
+        ),
+        AfterValidator(_relative_path),
+    ]
     size_bytes: Count
     sha256: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
     crc32c: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]]

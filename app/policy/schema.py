@@ -43,6 +43,10 @@ Duration = Annotated[
 ]
 
 
+# Counts, steps and priorities fit a 64-bit integer, as the stored JSON does.
+MAX_COUNT = 2**63 - 1
+
+
 def _count(value: object) -> object:
     if isinstance(value, float) and value.is_integer():  # 3.0 is 3 to JSON Schema
         value = int(value)
@@ -50,10 +54,16 @@ def _count(value: object) -> object:
         raise ValueError("must be an integer >= 0, or -1 for all")
     if value < -1:
         raise ValueError(f"{value} is negative: use a count >= 0, or -1 for all")
+    if value > MAX_COUNT:
+        raise ValueError(f"at most {MAX_COUNT}")
     return value
 
 
-Count = Annotated[int, BeforeValidator(_count), WithJsonSchema({"type": "integer", "minimum": -1})]
+Count = Annotated[
+    int,
+    BeforeValidator(_count),
+    WithJsonSchema({"type": "integer", "minimum": -1, "maximum": MAX_COUNT}),
+]
 
 
 class Strict(BaseModel):
@@ -79,7 +89,7 @@ class KeepBest(Strict):
 
 
 class KeepEvery(Strict):
-    steps: Annotated[int, Field(ge=1)]
+    steps: Annotated[int, Field(ge=1, le=MAX_COUNT)]
 
 
 class MoveTo(Strict):
@@ -184,7 +194,7 @@ class Policy(Strict):
     name: Name
     description: str = ""
     applies_to: AppliesTo = AppliesTo()
-    priority: int = 0
+    priority: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] = 0
     rules: list[Rule] = []
 
     @model_validator(mode="after")
