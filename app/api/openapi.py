@@ -114,10 +114,15 @@ CURSOR_FORMATS = ("ckpt-cursor-number", "ckpt-cursor-id")
 
 def _closed_key_patterns(node: Any) -> None:
     """pydantic writes a map whose keys follow a pattern as `patternProperties` alone, which
-    lets any other key through; the service refuses those keys, so the document does too."""
+    lets any other key through; the service refuses those keys, so the document does too,
+    as `propertyNames` (which generated clients read) and `additionalProperties`."""
     if isinstance(node, dict):
-        if "patternProperties" in node and "additionalProperties" not in node:
-            node["additionalProperties"] = False
+        patterns = node.get("patternProperties")
+        if isinstance(patterns, dict) and len(patterns) == 1 and "additionalProperties" not in node:
+            ((pattern, values),) = patterns.items()
+            del node["patternProperties"]
+            node["propertyNames"] = {**node.get("propertyNames", {}), "pattern": pattern}
+            node["additionalProperties"] = values
         for value in node.values():
             _closed_key_patterns(value)
     elif isinstance(node, list):
@@ -169,6 +174,10 @@ def document_policies(schema: dict[str, Any], tiers: list[Tier]) -> None:
         components[f"policy.{name}"] = sub
     policy["properties"]["rules"]["description"] = "rule names are unique within a policy"
     components["policy.Policy"] = policy
+    action = components["policy.Rule"]["properties"]["action"]
+    # objects first: a generated client tries the members in order, and some generators
+    # give up at a constant that does not match instead of trying the next member
+    action["anyOf"].sort(key=lambda member: "$ref" not in member)
     components["policy.MoveTo"]["properties"]["move_to"]["enum"] = names
     components["policy.CopyTo"]["properties"]["copy_to"]["enum"] = names
     for branch in components["policy.When"]["properties"]["on_tier"].get("anyOf", []):

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import NowDep, PrincipalDep, TiersDep
@@ -55,17 +56,18 @@ class OrphanDeleteRequest(BaseModel):
             "oneOf": [
                 {
                     "required": ["orphans"],
-                    "properties": {"orphans": {"type": "array"}, "all": {"const": False}},
+                    "properties": {"all": {"type": "boolean", "const": False}},
                 },
                 {
                     "required": ["all"],
-                    "properties": {"all": {"const": True}, "orphans": {"type": "null"}},
+                    "properties": {"all": {"type": "boolean", "const": True}},
+                    "not": {"required": ["orphans"]},
                 },
             ]
         },
     )
 
-    orphans: list[OrphanRef] | None = Field(
+    orphans: list[OrphanRef] | SkipJsonSchema[None] = Field(
         default=None,
         max_length=10_000,
         description="the orphans to delete, as a scan reported them; `all: true` instead "
@@ -116,7 +118,9 @@ async def delete_orphans(
 ) -> OrphanDeleteRead:
     """Delete orphans, only when an admin asks: those named (or, with `all`, every one) that
     a fresh scan still finds orphaned and that were written over an hour ago."""
-    if (body.orphans is None) == (not body.all):
+    if (body.orphans is None) == (not body.all) or (
+        "orphans" in body.model_fields_set and body.orphans is None
+    ):
         raise Invalid("name the orphans, or set all: true (not both)", field="orphans")
     names = {t.name for t in tiers}
     for i, orphan in enumerate(body.orphans or []):
