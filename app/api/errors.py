@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,9 +113,27 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     )
 
 
-async def _http_error(_request: Request, error: Exception) -> JSONResponse:
+def _allowed(request: Request) -> str | None:
+    """Every method of the path, from the document: the router names only those of the first
+    route that matched the path (`GET` where `GET, POST` are allowed)."""
+    document = request.app.openapi()
+    methods = [
+        method.upper()
+        for template, item in document.get("paths", {}).items()
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), request.url.path)
+        for method in item
+    ]
+    return ", ".join(sorted(set(methods))) or None
+
+
+async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    return problem(error.status_code, str(error.detail), str(error.detail), error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        allow = _allowed(request)
+        if allow is not None:
+            headers["Allow"] = allow
+    return problem(error.status_code, str(error.detail), str(error.detail), headers)
 
 
 async def _unexpected(_request: Request, error: Exception) -> JSONResponse:

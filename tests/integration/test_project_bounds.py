@@ -145,3 +145,18 @@ def test_unknown_ids_are_404_for_a_bounded_token(auth_app: FastAPI, catalog: Cat
     assert_problem(client.get("/v1/checkpoints/ckpt_nothing"), 404)
     assert_problem(client.get("/v1/actions/act_nothing"), 404)
     assert_problem(client.get("/v1/runs/run_%00"), 404)
+
+
+def test_metrics_are_for_tokens_bounded_by_no_project(
+    auth_app: FastAPI, admin_client: TestClient, catalog: Catalog
+) -> None:
+    """The counters are the whole service's (every project's actions, every tier's bytes):
+    operational figures, not one project's data, so a bounded token cannot read them."""
+    bounded = client_for(auth_app, "read", "mine")
+    refused = assert_problem(bounded.get("/metrics"), 403)
+    assert "every project" in refused["detail"] and '["*"]' in refused["detail"]
+
+    for reader in (client_for(auth_app, "read", "*"), admin_client):
+        response = reader.get("/metrics")
+        assert response.status_code == 200, response.text
+        assert "ckpt_tier_bytes" in response.text
