@@ -380,8 +380,8 @@ class PlannerRequest(Strict):
     usd_per_gpu_hour: Money | None = None
 
     def to_inputs(self) -> SizingInputs:
-        """Raises Invalid for inputs that contradict each other. No inputs at all size
-        nothing: every output is then absent and `incomplete` says what each needs."""
+        """Raises Invalid for inputs that contradict each other. No inputs at all is a
+        question with no outputs (each output is present when its inputs are given)."""
         if self.recipe is not None and self.bytes_per_parameter is not None:
             raise Invalid("give recipe or bytes_per_parameter, not both", field="recipe")
         if self.parameters is not None and self.checkpoint_bytes is not None:
