@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -105,9 +106,15 @@ class RunCreate(Strict):
     )
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # "left out", not a null the schema does not allow
+
+
 class RunUpdate(Strict):
-    status: RunStatus | None = None
-    labels: Labels | None = None
+    # status and labels cannot be cleared: the document offers no null for them (the
+    # service refuses one with 422), while `policy: null` and `resumed_from: null` clear.
+    status: RunStatus | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
+    labels: Labels | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
     policy: Name | None = None
     resumed_from: Annotated[str, Field(max_length=40)] | None = None
     ended_at: Timestamp | None = None

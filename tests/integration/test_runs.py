@@ -348,3 +348,21 @@ def test_an_unknown_query_parameter_is_422_naming_it(
     body = assert_problem(client.get(path, params=params), 422, unknown)
 
     assert body["field"] == unknown
+
+
+def test_a_patch_accepts_null_wherever_the_document_allows_it(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    fields = document["components"]["schemas"]["RunUpdate"]["properties"]
+    nullable = {
+        name
+        for name, schema in fields.items()
+        if any(branch.get("type") == "null" for branch in schema.get("anyOf", []))
+    }
+    assert nullable == {"policy", "resumed_from", "ended_at"}
+    run = make_run(client)
+
+    for name in sorted(nullable):
+        response = client.patch(f"/v1/runs/{run['id']}", json={name: None})
+        assert response.status_code == 200, (name, response.text)
+    for name in sorted(set(fields) - nullable):
+        assert_problem(client.patch(f"/v1/runs/{run['id']}", json={name: None}), 422, name)
