@@ -206,7 +206,7 @@ def update_run(
     elif changes.get("ended_at") is not None:
         run.ended_at = changes["ended_at"]
     elif run.status == "active" or run.ended_at is None:
-        run.ended_at = max(now, run.started_at)  # a back-filled start may lie ahead of us
+        run.ended_at = max(now, run.started_at)  # a given start may lie ahead of this clock
     run.status = status
     run.updated_by = actor
     run.evaluate_requested_at = run.evaluate_requested_at or now
