@@ -29,6 +29,8 @@ from app.api import (
     tokens,
 )
 from app.api.auth import authorize, document_security, route_templates
+from app.api.deps import known_query, query_parameters
+from app.api.openapi import document_inputs, document_policies, document_problems
 from app.api.schemas import CheckpointCreate
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
@@ -140,7 +142,8 @@ def create_app(
         version="1",
         description="Catalogs ML training checkpoints and enforces their retention.",
         lifespan=lifespan,
-        dependencies=[Depends(authorize)],  # every route, through the rule table
+        # every route: through the rule table, then no query parameter it does not take
+        dependencies=[Depends(authorize), Depends(known_query)],
     )
     app.state.settings = settings
     app.state.tiers = tier_list
@@ -152,6 +155,7 @@ def create_app(
     for module in (*routers, audit):
         app.include_router(module.router)
     app.state.route_templates = route_templates(app.routes)
+    app.state.query_parameters = query_parameters(app.routes)
     _document_raw_bodies(app)
     return app
 
@@ -175,6 +179,9 @@ def _document_raw_bodies(app: FastAPI) -> None:
                 components.setdefault(name, sub)
             components["CheckpointCreate"] = body
             document_security(schema)
+            document_problems(schema)
+            document_inputs(schema, app.state.tiers)
+            document_policies(schema, app.state.tiers)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -214,7 +214,10 @@ class Service:
         os.environ.update({k: v for k, v in self.env.items() if k.startswith("CKPT_")})
         app = create_app(load_settings(), roles=NO_BACKGROUND)
         with TestClient(app) as client:
-            run = client.post("/v1/runs", json={"project": "bench", "name": "run"}).json()
+            run = client.post(
+                "/v1/runs",
+                json={"project": "bench", "name": "run", "started_at": "2020-01-01T00:00:00Z"},
+            ).json()
             created = client.post(
                 f"/v1/runs/{run['id']}/checkpoints",
                 json={

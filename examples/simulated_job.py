@@ -89,7 +89,12 @@ def main() -> None:
     now = datetime.now(UTC)
     started = now - timedelta(days=args.days + 31)
     name = f"run-{now:%Y%m%d-%H%M%S}"
-    run = call(base, "POST", "/v1/runs", {"project": args.project, "name": name})
+    run = call(
+        base,
+        "POST",
+        "/v1/runs",
+        {"project": args.project, "name": name, "started_at": started.isoformat()},
+    )
     hot = (args.data_dir / "hot" / args.project / name).resolve()
     print(f"run {run['id']} ({args.project}/{name}), {args.days} simulated days")
 

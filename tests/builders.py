@@ -18,11 +18,16 @@ from app.services.executor import Executor
 from app.services.tokens import create_token
 from app.settings import Settings
 
+# Runs start here unless a test says otherwise, so that a test may end one on any later
+# date it likes (a run cannot end before it started).
+RUNS_START = "2020-01-01T00:00:00Z"
+
 
 def make_run(
     client: TestClient, project: str = "proj", name: str = "run-1", **extra: Any
 ) -> dict[str, Any]:
-    response = client.post("/v1/runs", json={"project": project, "name": name, **extra})
+    body = {"project": project, "name": name, "started_at": RUNS_START, **extra}
+    response = client.post("/v1/runs", json=body)
     assert response.status_code in (200, 201), response.text
     body: dict[str, Any] = response.json()
     return body

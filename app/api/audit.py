@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import Cursor, Limit, SessionDep
+from app.api.deps import Cursor, IdFilter, Limit, SessionDep
 from app.api.schemas import Page, Timestamp
 from app.db.models import AuditEvent
 from app.services import audit
@@ -37,8 +37,8 @@ def list_audit(
     session: SessionDep,
     limit: Limit = 100,
     cursor: Cursor = None,
-    checkpoint_id: Annotated[str | None, Query(max_length=40)] = None,
-    run_id: Annotated[str | None, Query(max_length=40)] = None,
+    checkpoint_id: IdFilter = None,
+    run_id: IdFilter = None,
     actor: Annotated[
         str | None,
         Query(max_length=200, description="an actor, or a prefix ending in `*` (`rule:*`)"),

@@ -18,6 +18,7 @@ from app.api.deps import (
     SessionDep,
     TiersDep,
 )
+from app.api.errors import not_json, sent_json
 from app.api.schemas import (
     CheckpointCommit,
     CheckpointCreate,
@@ -41,6 +42,8 @@ def _manifest(files: list[FileEntry] | None) -> list[dict[str, Any]] | None:
 async def _registration(request: Request) -> CheckpointCreate:
     """The registration body, parsed and validated in one pass by pydantic's own JSON
     parser: the hot path of the service, with a 64-file manifest per call."""
+    if not sent_json(request):
+        raise not_json(request)
     try:
         return CheckpointCreate.model_validate_json(await request.body())
     except ValidationError as error:

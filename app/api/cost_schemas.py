@@ -10,7 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from app.api.schemas import NAME_PATTERN, Name, PriceRead, TierRead
+from app.api.schemas import (
+    NAME_PATTERN,
+    Name,
+    PriceRead,
+    TierRead,
+    not_both,
+    only_with,
+    present,
+)
 from app.cost.forecast import MAX_DAYS, Forecast, ForecastSpec, Scenario, Usage
 from app.cost.planner import (
     BYTES_PER_PARAMETER,
@@ -59,18 +67,26 @@ def _policy_ref(value: object) -> object:
     raise ValueError("must be a policy's name or a policy object")
 
 
-Whole = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_BYTES)]
+Whole = Annotated[int, Field(ge=1, le=MAX_BYTES), BeforeValidator(_whole)]
 Positive = Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False, strict=True)]
+# Bounded so that their product is a checkpoint of at most MAX_BYTES, as the document says:
+# 10^16 parameters (10,000 times the largest models) at 1 to 100 bytes each (a checkpoint
+# of at least one byte).
+Parameters = Annotated[int, Field(ge=1, le=10**16), BeforeValidator(_whole)]
+PerParameter = Annotated[float, Field(ge=1, le=100, allow_inf_nan=False, strict=True)]
 Money = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False, strict=True)]
-Days = Annotated[int, Field(ge=1, le=MAX_DAYS, strict=True)]
+Days = Annotated[int, Field(ge=1, le=MAX_DAYS), BeforeValidator(_whole)]
+# What parse_duration reads and _duration keeps, said in the document (a longer one is
+# refused as too long, a zero one as empty).
+DURATION_PATTERN = r"^[1-9][0-9]{0,5}[smhdw]$"
 DurationText = Annotated[
     str,
-    Field(max_length=32, examples=["1h", "24h"]),
+    Field(max_length=32, pattern=DURATION_PATTERN, examples=["1h", "24h"]),
     AfterValidator(_duration),
 ]
 Interval = Annotated[
     str,
-    Field(max_length=32, examples=["3h", "1d", "end"]),
+    Field(max_length=32, pattern=r"^(end|[1-9][0-9]{0,5}[smhdw])$", examples=["3h", "1d", "end"]),
     AfterValidator(_interval),
 ]
 # A tier's name, or `*` for every tier (app.cost.inputs.tier_prices says how they layer).
@@ -139,8 +155,10 @@ class PriceOverride(Strict):
     storage_gb_month: Money | None = None
     retrieval_gb: Money | None = None
     egress_gb: Money | None = None
-    min_storage_days: Annotated[int, Field(ge=0, le=36_500, strict=True)] | None = None
-    min_object_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES, strict=True)] | None = None
+    min_storage_days: Annotated[int, Field(ge=0, le=36_500), BeforeValidator(_whole)] | None = None
+    min_object_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), BeforeValidator(_whole)] | None = (
+        None
+    )
     write_requests_per_1000: Money | None = None
     read_requests_per_1000: Money | None = None
 
@@ -189,9 +207,22 @@ def report_read(report: CostReport) -> CostReportRead:
 
 
 class ForecastRequest(Strict):
+    """checkpoint_bytes or parameters (one of them); bytes_per_parameter with parameters."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {"anyOf": [present("checkpoint_bytes"), present("parameters")]},
+                not_both("checkpoint_bytes", "parameters"),
+                only_with("bytes_per_parameter", "parameters"),
+            ]
+        },
+    )
+
     checkpoint_bytes: Whole | None = Field(None, examples=[1e12])
-    parameters: Whole | None = Field(None, examples=[70e9])
-    bytes_per_parameter: Positive | None = Field(
+    parameters: Parameters | None = Field(None, examples=[70e9])
+    bytes_per_parameter: PerParameter | None = Field(
         None, description="with parameters; default 14 (bf16 weights, fp32 master, Adam m, v)"
     )
     run_days: Days
@@ -202,7 +233,7 @@ class ForecastRequest(Strict):
     policy: Annotated[Name | dict[str, Any] | None, BeforeValidator(_policy_ref)] = Field(
         None, description="a stored policy's name (default: `default`) or a policy inline"
     )
-    concurrent_runs: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] = 1
+    concurrent_runs: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_whole)] = 1
     horizon_days: Days | None = Field(None, description="default: run_days + 30")
     metrics: Literal["improving", "missing"] = Field(
         "improving", description="how simulated checkpoints score on keep_best metrics"
@@ -320,8 +351,23 @@ def forecast_read(result: Forecast, prices: dict[str, PriceQuote]) -> ForecastRe
 
 
 class PlannerRequest(Strict):
-    parameters: Whole | None = Field(None, examples=[70e9])
-    bytes_per_parameter: Positive | None = Field(None, description="default 14")
+    """Every input is optional; recipe and bytes_per_parameter exclude each other and need
+    parameters, which excludes checkpoint_bytes."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                not_both("recipe", "bytes_per_parameter"),
+                not_both("parameters", "checkpoint_bytes"),
+                only_with("recipe", "parameters"),
+                only_with("bytes_per_parameter", "parameters"),
+            ]
+        },
+    )
+
+    parameters: Parameters | None = Field(None, examples=[70e9])
+    bytes_per_parameter: PerParameter | None = Field(None, description="default 14")
     recipe: Recipe | None = Field(
         None,
         description="bytes per parameter by what is saved: "
@@ -334,12 +380,13 @@ class PlannerRequest(Strict):
     ) = Field(None, description="fraction of training time spent writing, e.g. 0.1")
     checkpoint_write_seconds: Positive | None = None
     mtbf: DurationText | None = Field(None, description="mean time between failures")
-    checkpoints: Annotated[int, Field(ge=0, le=10**12, strict=True)] | None = None
-    gpus: Annotated[int, Field(ge=1, le=10**9, strict=True)] | None = None
+    checkpoints: Annotated[int, Field(ge=0, le=10**12), BeforeValidator(_whole)] | None = None
+    gpus: Annotated[int, Field(ge=1, le=10**9), BeforeValidator(_whole)] | None = None
     usd_per_gpu_hour: Money | None = None
 
     def to_inputs(self) -> SizingInputs:
-        """Raises Invalid for inputs that contradict each other or give nothing to size."""
+        """Raises Invalid for inputs that contradict each other. No inputs at all is a
+        question with no outputs (each output is present when its inputs are given)."""
         if self.recipe is not None and self.bytes_per_parameter is not None:
             raise Invalid("give recipe or bytes_per_parameter, not both", field="recipe")
         if self.parameters is not None and self.checkpoint_bytes is not None:
@@ -356,11 +403,6 @@ class PlannerRequest(Strict):
                 raise Invalid(
                     f"a checkpoint of {size:.3g} bytes; at most {MAX_BYTES:.0e}", field="parameters"
                 )
-        if not self.model_fields_set:
-            raise Invalid(
-                "nothing to size: give parameters, or checkpoint_write_seconds with mtbf, ...",
-                field="parameters",
-            )
         return SizingInputs(
             parameters=self.parameters,
             bytes_per_parameter=per_parameter,

@@ -8,10 +8,14 @@ from typing import Annotated
 
 import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute, iter_route_contexts
 from sqlalchemy.orm import Session
+from starlette.routing import BaseRoute
 
 from app.api.auth import authorize
 from app.domain.access import Principal
+from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.services.pagination import MAX_LIMIT
 from app.settings import Settings
@@ -36,6 +40,37 @@ async def _session(request: Request) -> AsyncIterator[Session]:
         raise
     finally:
         session.close()  # no transaction is left open here, so this does no I/O
+
+
+def query_parameters(routes: list[BaseRoute]) -> dict[int, tuple[str, ...]]:
+    """id of each API route -> the query parameters it declares (its dependencies' too);
+    routes of included routers are their own objects, as in app.api.auth.route_templates."""
+
+    def walk(dependant: Dependant) -> list[str]:
+        own = [p.alias for p in dependant.query_params]
+        return own + [name for sub in dependant.dependencies for name in walk(sub)]
+
+    return {
+        id(context.original_route): tuple(dict.fromkeys(walk(context.original_route.dependant)))
+        for context in iter_route_contexts(routes)
+        if isinstance(context.original_route, APIRoute)
+    }
+
+
+async def known_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take: `?projct=gpt` silently ignored
+    would list everything, which reads as an answer to the question asked."""
+    if not request.query_params:
+        return
+    known: dict[int, tuple[str, ...]] = request.app.state.query_parameters
+    route = request.scope.get("route")
+    if id(route) not in known:  # a route added after the app was built
+        known.update(query_parameters(request.app.routes))
+    takes = known.get(id(route), ())
+    for name in request.query_params:
+        if name not in takes:
+            hint = f"it takes {', '.join(takes)}" if takes else "it takes none"
+            raise Invalid(f"{name} is not a query parameter of this route; {hint}", field=name)
 
 
 async def _tiers(request: Request) -> list[Tier]:
@@ -75,4 +110,6 @@ NowDep = Annotated[datetime, Depends(_now)]
 PrincipalDep = Annotated[Principal, Depends(authorize)]
 EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size, at most 1000")]
+# An id to filter by: no id holds a NUL, and PostgreSQL refuses one as a parameter.
+IdFilter = Annotated[str | None, Query(max_length=40, pattern=r"^[^\x00]*$")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor of the last page")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import authorize
-from app.domain.errors import AppError
+from app.domain.errors import AppError, UnsupportedMedia
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("app.api")
@@ -45,6 +46,35 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     return problem(error.status, error.title, detail, error.headers or None, **extra)
 
 
+def sent_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def not_json(request: Request) -> UnsupportedMedia:
+    """The refusal of a body that did not say it is JSON: otherwise it reads as missing."""
+    sent = request.headers.get("content-type")
+    said = f"it was sent as {sent[:80]!r}" if sent else "it was sent without a content-type"
+    return UnsupportedMedia(
+        f"body: send it as JSON with 'content-type: application/json' ({said})", field="body"
+    )
+
+
+def _sentence(item: Mapping[str, Any], message: str) -> str:
+    """pydantic's message without its machinery: our validators' own words for a
+    ValueError, and the choices of a closed set said once."""
+    kind = item.get("type")
+    if kind in ("value_error", "assertion_error"):
+        reason = (item.get("ctx") or {}).get("error")
+        return str(reason) if reason is not None else message.split(", ", 1)[-1]
+    if kind == "literal_error":
+        expected = (item.get("ctx") or {}).get("expected")
+        return f"must be one of {expected}" if expected else message
+    return message
+
+
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
     # FastAPI parses the body before it runs the authorization dependency: a caller who may
@@ -53,9 +83,12 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
         await authorize(request)
     except AppError as refused:
         return await _app_error(request, refused)
+    errors = error.errors()
+    if not sent_json(request) and any(tuple(i.get("loc", ())) == ("body",) for i in errors):
+        return await _app_error(request, not_json(request))
     items = []
     malformed = False
-    for item in error.errors():
+    for item in errors:
         loc = tuple(item.get("loc", ()))
         message = str(item.get("msg", "invalid"))
         if item.get("type") == "json_invalid":
@@ -67,6 +100,7 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
             message = f"not valid JSON{where}" + (f" ({reason})" if reason else "")
         else:
             field = _field(loc)
+            message = _sentence(item, message)
         items.append({"field": field, "message": message})
     detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:10])
     if malformed:
@@ -80,9 +114,27 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     )
 
 
-async def _http_error(_request: Request, error: Exception) -> JSONResponse:
+def _allowed(request: Request) -> str | None:
+    """Every method of the path, from the document: the router names only those of the first
+    route that matched the path (`GET` where `GET, POST` are allowed)."""
+    document = request.app.openapi()
+    methods = [
+        method.upper()
+        for template, item in document.get("paths", {}).items()
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), request.url.path)
+        for method in item
+    ]
+    return ", ".join(sorted(set(methods))) or None
+
+
+async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    return problem(error.status_code, str(error.detail), str(error.detail), error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        allow = _allowed(request)
+        if allow is not None:
+            headers["Allow"] = allow
+    return problem(error.status_code, str(error.detail), str(error.detail), headers)
 
 
 async def _unexpected(_request: Request, error: Exception) -> JSONResponse:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Request, status
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.convert import checkpoint_read
 from app.api.deps import (
     Cursor,
+    IdFilter,
     Limit,
     NowDep,
     PrincipalDep,
@@ -32,18 +32,56 @@ from app.api.lifecycle_schemas import (
     SweepRequest,
 )
 from app.api.schemas import CheckpointRead, Page
-from app.db.models import Action
+from app.db.models import Action, Checkpoint
 from app.domain.errors import Invalid, NotFound
 from app.domain.tier import Tier
 from app.policy.schema import Policy
-from app.services import ledger, policies
+from app.services import ledger, policies, runs
 from app.services.planning import plan_catalog
 
 router = APIRouter(tags=["lifecycle"])
 
 
-def action_read(action: Action) -> ActionRead:
-    return ActionRead.model_validate(action, from_attributes=True)
+def action_reads(session: Session, actions: list[Action]) -> list[ActionRead]:
+    """The ledger keeps the worker's phase in its `step` column; the answer's `step` is the
+    checkpoint's (as in a plan), read for the whole page in one query."""
+    ids = sorted({a.checkpoint_id for a in actions})
+    steps: dict[str, int] = {}
+    if ids:
+        query = select(Checkpoint.id, Checkpoint.step).where(Checkpoint.id.in_(ids))
+        steps = {checkpoint_id: step for checkpoint_id, step in session.execute(query)}
+    return [
+        ActionRead(
+            id=a.id,
+            checkpoint_id=a.checkpoint_id,
+            run_id=a.run_id,
+            kind=a.kind,
+            from_tier=a.from_tier,
+            to_tier=a.to_tier,
+            rule=a.rule,
+            reason=a.reason,
+            state=a.state,
+            step=steps[a.checkpoint_id],
+            phase=a.step,
+            attempts=a.attempts,
+            retries=a.retries,
+            error=a.error,
+            bytes=a.bytes,
+            bytes_done=a.bytes_done,
+            sweep_id=a.sweep_id,
+            due_at=a.due_at,
+            created_at=a.created_at,
+            updated_at=a.updated_at,
+            finished_at=a.finished_at,
+            actor=a.actor,
+            approved_by=a.approved_by,
+        )
+        for a in actions
+    ]
+
+
+def action_read(session: Session, action: Action) -> ActionRead:
+    return action_reads(session, [action])[0]
 
 
 def _what_if(
@@ -56,7 +94,7 @@ def _what_if(
         try:
             row = policies.get_policy_row(session, policy)
         except NotFound:
-            raise Invalid(f"no policy is named {policy!r}", field="policy") from None
+            raise NotFound(f"no policy is named {policy!r}", field="policy") from None
         return policies.validate_policy(row.document, names)
     try:
         return policies.validate_policy(policy, names)
@@ -70,13 +108,14 @@ def plan(
 ) -> PlanRead:
     """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing.
     Without a project or run, a token bounded to some projects gets the plan of those."""
+    project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
     what_if = _what_if(session, tiers, body.policy)
     result = plan_catalog(
         session,
         tiers=tiers,
         now=now,
-        project=body.project,
-        run_id=body.run_id,
+        project=project,
+        run_id=run_id,
         policy=what_if,
         projects=principal.projects,
     )
@@ -113,6 +152,7 @@ def plan(
 @router.post("/v1/sweeps", status_code=status.HTTP_202_ACCEPTED)
 def sweep(
     request: Request,
+    session: SessionDep,
     tiers: TiersDep,
     principal: PrincipalDep,
     now: NowDep,
@@ -120,14 +160,16 @@ def sweep(
 ) -> SweepRead:
     """Evaluate now; when this answers, every planned action is in the ledger."""
     body = body or SweepRequest()
+    project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
+    session.rollback()  # the sweep runs in transactions of its own
     sweep_id, ids = ledger.run_sweep(
         request.app.state.session_factory,
         tiers=tiers,
         now=now,
         trigger="manual",
         actor=principal.actor,
-        project=body.project,
-        run_id=body.run_id,
+        project=project,
+        run_id=run_id,
     )
     request.app.state.runtime.wake_workers()
     return SweepRead(id=sweep_id, actions=ids)
@@ -150,8 +192,8 @@ def list_actions(
     cursor: Cursor = None,
     state: ActionState | None = None,
     kind: ActionKind | None = None,
-    checkpoint_id: Annotated[str | None, Query(max_length=40)] = None,
-    run_id: Annotated[str | None, Query(max_length=40)] = None,
+    checkpoint_id: IdFilter = None,
+    run_id: IdFilter = None,
 ) -> Page[ActionRead]:
     rows, next_cursor = ledger.list_actions(
         session,
@@ -163,19 +205,19 @@ def list_actions(
         cursor=cursor,
         projects=principal.projects,
     )
-    return Page[ActionRead](items=[action_read(a) for a in rows], next_cursor=next_cursor)
+    return Page[ActionRead](items=action_reads(session, rows), next_cursor=next_cursor)
 
 
 @router.get("/v1/actions/{action_id}")
 def get_action(action_id: str, session: SessionDep) -> ActionRead:
-    return action_read(ledger.get_action(session, action_id))
+    return action_read(session, ledger.get_action(session, action_id))
 
 
 @router.post("/v1/actions/{action_id}/approve")
 def approve_action(
     action_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
 ) -> ActionRead:
-    return action_read(ledger.approve_action(session, action_id, principal.actor, now))
+    return action_read(session, ledger.approve_action(session, action_id, principal.actor, now))
 
 
 @router.delete("/v1/checkpoints/{checkpoint_id}", status_code=status.HTTP_202_ACCEPTED)
@@ -183,7 +225,7 @@ def delete_checkpoint(
     checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
 ) -> ActionRead:
     """To the trash (restorable until the trash period ends); 409 while pinned."""
-    return action_read(ledger.request_delete(session, checkpoint_id, principal.actor, now))
+    return action_read(session, ledger.request_delete(session, checkpoint_id, principal.actor, now))
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/undelete")
@@ -213,6 +255,7 @@ def restore_checkpoint(
 ) -> ActionRead:
     """Stage a copy onto `tier`, now or at `at`."""
     return action_read(
+        session,
         ledger.request_restore(
             session,
             checkpoint_id=checkpoint_id,
@@ -221,5 +264,5 @@ def restore_checkpoint(
             tiers=tiers,
             actor=principal.actor,
             now=now,
-        )
+        ),
     )

@@ -115,11 +115,16 @@ class ActionRead(BaseModel):
     rule: str
     reason: str | None
     state: ActionState
-    step: str | None
+    step: int = Field(description="the checkpoint's step, as in a plan's actions")
+    phase: str | None = Field(
+        description="the last phase the worker finished: `copied`, `verified`, `switched`, "
+        "`restoring/<polls>`; null before the first"
+    )
     attempts: int
     retries: int = Field(description="storage requests retried (throttling, 5xx, timeouts)")
     error: str | None
     bytes: int
+    bytes_done: int = Field(description="bytes transferred so far, while `running`")
     sweep_id: str | None
     due_at: datetime
     created_at: datetime

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, status
+from fastapi import APIRouter, Depends, Path, Request, status
 
 from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import PolicyRead
-from app.api.schemas import Page
+from app.api.schemas import NAME_PATTERN, Page
 from app.db.models import PolicyRow
 from app.domain.errors import Invalid
 from app.services import policies
@@ -85,7 +85,7 @@ def _document(name: str, body: tuple[str, bytes]) -> object:
 
 @router.put("/{name}", openapi_extra=_BODY)
 def put_policy(
-    name: str,
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
     body: RawBody,
     session: SessionDep,
     tiers: TiersDep,

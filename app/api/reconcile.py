@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import NowDep, PrincipalDep, TiersDep
@@ -56,9 +57,25 @@ class OrphanRef(BaseModel):
 
 
 class OrphanDeleteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Either a list of orphans or `all: true`, as the document says too.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["orphans"],
+                    "properties": {"all": {"type": "boolean", "const": False}},
+                },
+                {
+                    "required": ["all"],
+                    "properties": {"all": {"type": "boolean", "const": True}},
+                    "not": {"required": ["orphans"]},
+                },
+            ]
+        },
+    )
 
-    orphans: list[OrphanRef] | None = Field(
+    orphans: list[OrphanRef] | SkipJsonSchema[None] = Field(
         default=None,
         max_length=10_000,
         description="the orphans to delete, as a scan reported them; `all: true` instead "
@@ -109,8 +126,14 @@ async def delete_orphans(
 ) -> OrphanDeleteRead:
     """Delete orphans, only when an admin asks: those named (or, with `all`, every one) that
     a fresh scan still finds orphaned and that were written over an hour ago."""
-    if (body.orphans is None) == (not body.all):
+    if (body.orphans is None) == (not body.all) or (
+        "orphans" in body.model_fields_set and body.orphans is None
+    ):
         raise Invalid("name the orphans, or set all: true (not both)", field="orphans")
+    names = {t.name for t in tiers}
+    for i, orphan in enumerate(body.orphans or []):
+        if orphan.tier not in names:
+            raise Invalid(f"unknown tier {orphan.tier!r}", field=f"orphans[{i}].tier")
     wanted = None if body.all else [(o.tier, o.key) for o in body.orphans or []]
     factory = request.app.state.session_factory
     deleted, refused = await run_in_threadpool(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+from pydantic import Field
 
 from app.api.convert import run_read
 from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, PrincipalDep, SessionDep
@@ -10,6 +13,12 @@ from app.api.schemas import Name, Page, RunCreate, RunRead, RunStatus, RunUpdate
 from app.services import runs
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+# `key:value`; a key holds no `"` or backslash, which no JSON path could carry on SQLite,
+# and neither holds a NUL, which no label holds (PostgreSQL refuses one in a parameter).
+LabelFilter = Annotated[
+    str, Field(pattern=r'^[^:"\\\x00]{1,63}:[^\x00]{0,256}$', examples=["team:pretrain"])
+]
 
 
 @router.post(
@@ -44,11 +53,16 @@ def list_runs(
     cursor: Cursor = None,
     project: Name | None = None,
     status: RunStatus | None = None,
+    label: Annotated[
+        list[LabelFilter] | None,
+        Query(max_length=64, description="`key:value`, repeatable: every one must match"),
+    ] = None,
 ) -> Page[RunRead]:
     views, next_cursor = runs.list_runs(
         session,
         project=project,
         status=status,
+        labels=[(key, value) for key, _, value in (i.partition(":") for i in label or [])],
         limit=limit,
         cursor=cursor,
         projects=principal.projects,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -15,8 +17,21 @@ MAX_INT64 = 2**63 - 1
 Name = Annotated[str, Field(pattern=NAME_PATTERN, examples=["llama-70b"])]
 RunStatus = Literal["active", "completed", "failed"]
 CheckpointState = Literal["writing", "active", "trashed", "deleted"]
-# Strict: a step or size sent as "100", 100.0 or true is a client bug, not a number to guess.
-Count = Annotated[int, Field(ge=0, le=MAX_INT64, strict=True)]
+
+
+def whole(value: object) -> object:
+    """A JSON integer: 100, or 100.0 (the same number to JSON Schema, and so to generated
+    clients); "100", 1.5 and true are client bugs, not numbers to guess."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    return value
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(whole)]
 # A NUL cannot be stored in a PostgreSQL text or jsonb value: refused like in `uri`.
 NO_NUL = r"^[^\x00]*$"
 LabelKey = Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)]
@@ -41,16 +56,47 @@ Metrics = Annotated[
 ]
 
 
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})?")
+
+
+def _iso(value: object) -> object:
+    """Only an ISO 8601 date and time: pydantic would read 1700000000 or "0.5" as seconds
+    since 1970, which no caller means."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and RFC3339.fullmatch(value):
+        return value
+    raise ValueError("must be an ISO 8601 date and time, such as 2026-01-02T03:04:05Z")
+
+
 def _utc(value: datetime) -> datetime:
     """Timestamps are UTC; a value without an offset is taken as UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, BeforeValidator(_iso), AfterValidator(_utc)]
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Rules between fields, in JSON Schema, for the document: an optional field left out and
+# one sent as null mean the same to the service.
+def present(name: str) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+def absent(*names: str) -> dict[str, Any]:
+    return {"properties": {name: {"type": "null"} for name in names}}
+
+
+def not_both(a: str, b: str) -> dict[str, Any]:
+    return {"not": {"allOf": [present(a), present(b)]}}
+
+
+def only_with(name: str, needed: str) -> dict[str, Any]:
+    return {"anyOf": [absent(name), present(needed)]}
 
 
 class RunCreate(Strict):
@@ -59,11 +105,21 @@ class RunCreate(Strict):
     labels: Labels = Field(default_factory=dict)
     policy: Name | None = None
     resumed_from: Annotated[str, Field(max_length=40)] | None = None
+    started_at: Timestamp | None = Field(
+        default=None,
+        description="when the run began (an adopted or back-filled run); now if left out",
+    )
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # "left out", not a null the schema does not allow
 
 
 class RunUpdate(Strict):
-    status: RunStatus | None = None
-    labels: Labels | None = None
+    # status and labels cannot be cleared: the document offers no null for them (the
+    # service refuses one with 422), while `policy: null` and `resumed_from: null` clear.
+    status: RunStatus | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
+    labels: Labels | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
     policy: Name | None = None
     resumed_from: Annotated[str, Field(max_length=40)] | None = None
     ended_at: Timestamp | None = None
@@ -83,6 +139,11 @@ class RunRead(BaseModel):
     updated_by: str | None = Field(description="who changed it last")
 
 
+# What _relative_path accepts, for the document (the validator keeps its plainer messages).
+_SEGMENT = r"(?:[^/\\\x00.][^/\\\x00]*|\.[^/\\\x00.][^/\\\x00]*|\.\.[^/\\\x00]+)"
+RELATIVE_PATH = f"^{_SEGMENT}(?:/{_SEGMENT})*$"
+
+
 def _relative_path(value: str) -> str:
     if value.startswith("/") or "\\" in value or "\x00" in value:
         raise ValueError("must be a relative path with '/' separators")
@@ -98,7 +159,16 @@ class FileEntry(TypedDict):
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
-    path: Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_relative_path)]
+    path: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            json_schema_extra={"pattern": RELATIVE_PATH},
+            description="relative, '/' separated, no '.', '..' or empty segments",
+        ),
+        AfterValidator(_relative_path),
+    ]
     size_bytes: Count
     sha256: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
     crc32c: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]]
@@ -214,7 +284,43 @@ ScopeName = Literal["read", "register", "admin"]
 ProjectGrant = Annotated[str, Field(pattern=r"^(\*|[a-z0-9][a-z0-9._-]{0,62})$")]
 
 
+ADMIN_IN_SCOPES: dict[str, Any] = {"properties": {"scopes": {"contains": {"const": "admin"}}}}
+
+
 class TokenCreate(Strict):
+    """`projects` is required unless the scopes hold admin, whose only grant is ["*"];
+    "*" stands alone."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {"anyOf": [present("projects"), ADMIN_IN_SCOPES]},
+                {
+                    "anyOf": [
+                        {"not": ADMIN_IN_SCOPES},
+                        {
+                            "properties": {
+                                "projects": {"anyOf": [{"type": "null"}, {"items": {"const": "*"}}]}
+                            }
+                        },
+                    ]
+                },
+                {
+                    "properties": {
+                        "projects": {
+                            "anyOf": [
+                                {"type": "null"},
+                                {"items": {"const": "*"}},
+                                {"items": {"not": {"const": "*"}}},
+                            ]
+                        }
+                    }
+                },
+            ]
+        },
+    )
+
     name: Name
     scopes: Annotated[list[ScopeName], Field(min_length=1, max_length=3)]
     projects: (

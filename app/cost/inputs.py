@@ -36,11 +36,11 @@ def resolve_policy(
         policy = DEFAULT_POLICY
     if isinstance(policy, str):
         if session is None:
-            raise Invalid(f"no policy is named {policy!r}", field="policy")
+            raise NotFound(f"no policy is named {policy!r}", field="policy")
         try:
             row = get_policy_row(session, policy)
         except NotFound:
-            raise Invalid(f"no policy is named {policy!r}", field="policy") from None
+            raise NotFound(f"no policy is named {policy!r}", field="policy") from None
         return validate_policy(row.document, names)
     try:
         return validate_policy(dict(policy), names)

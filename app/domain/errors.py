@@ -34,6 +34,13 @@ class Invalid(AppError):
     title = "Unprocessable entity"
 
 
+class UnsupportedMedia(AppError):
+    """A body sent as something other than the media type the route reads."""
+
+    status = 415
+    title = "Unsupported media type"
+
+
 class Unavailable(AppError):
     status = 503
     title = "Service unavailable"

@@ -39,19 +39,31 @@ Duration = Annotated[
     timedelta,
     BeforeValidator(_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "pattern": r"^\d+[smhdw]$", "examples": ["7d", "12h"]}),
+    WithJsonSchema({"type": "string", "pattern": r"^\d{1,6}[smhdw]$", "examples": ["7d", "12h"]}),
 ]
 
 
+# Counts, steps and priorities fit a 64-bit integer, as the stored JSON does.
+MAX_COUNT = 2**63 - 1
+
+
 def _count(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():  # 3.0 is 3 to JSON Schema
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError("must be an integer >= 0, or -1 for all")
     if value < -1:
         raise ValueError(f"{value} is negative: use a count >= 0, or -1 for all")
+    if value > MAX_COUNT:
+        raise ValueError(f"at most {MAX_COUNT}")
     return value
 
 
-Count = Annotated[int, BeforeValidator(_count)]
+Count = Annotated[
+    int,
+    BeforeValidator(_count),
+    WithJsonSchema({"type": "integer", "minimum": -1, "maximum": MAX_COUNT}),
+]
 
 
 class Strict(BaseModel):
@@ -77,7 +89,7 @@ class KeepBest(Strict):
 
 
 class KeepEvery(Strict):
-    steps: Annotated[int, Field(ge=1)]
+    steps: Annotated[int, Field(ge=1, le=MAX_COUNT)]
 
 
 class MoveTo(Strict):
@@ -88,7 +100,26 @@ class CopyTo(Strict):
     copy_to: str
 
 
-Action = Literal["delete"] | MoveTo | CopyTo
+ACTIONS = "delete, {move_to: <tier>} or {copy_to: <tier>}"
+
+
+def _action(value: object) -> object:
+    """Refuse a misspelt action once, saying which actions exist, before the union tries
+    each member and reports three failures that name pydantic's classes."""
+    if value == "delete":
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((key, target),) = value.items()
+        if key in ("move_to", "copy_to"):
+            if not isinstance(target, str):
+                raise ValueError(f"{key} takes a tier's name")
+            return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise ValueError(f"{shown} is not an action: the actions are {ACTIONS}")
+
+
+Action = Annotated[Literal["delete"] | MoveTo | CopyTo, BeforeValidator(_action)]
 
 CALENDAR_CLAUSES = ("keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
 
@@ -163,7 +194,7 @@ class Policy(Strict):
     name: Name
     description: str = ""
     applies_to: AppliesTo = AppliesTo()
-    priority: int = 0
+    priority: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] = 0
     rules: list[Rule] = []
 
     @model_validator(mode="after")

@@ -97,11 +97,11 @@ def register_checkpoint(
     Idempotent: the same step with the same content returns the existing checkpoint;
     different content raises Conflict. Concurrent identical calls leave one row.
     """
+    get_run(session, run_id)  # a run that does not exist is a 404 whatever the body says
     located = locate(reg.uri, tiers)
     files = normalise(reg.files) if reg.files is not None else None
     single_file = False
     if files is None:
-        get_run(session, run_id)  # before listing storage on its behalf
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)

@@ -474,6 +474,11 @@ def request_restore(
     existing = _open_action(session, checkpoint_id, "restore", tier)
     if existing is not None:
         return existing
+    here = next((loc for loc in checkpoint.locations if loc.tier == tier), None)
+    if here is not None:  # a copy onto itself would do nothing: say so, queue nothing
+        raise Conflict(
+            f"the checkpoint already has its {here.role} location on {tier}", field="tier"
+        )
     source = _primary_tier(checkpoint)
     reason = f"restore to {tier} requested"
     charges = _restore_charges(checkpoint, source, tier, tiers)

@@ -53,7 +53,7 @@ def _check_resumed_from(
         ).one_or_none()
     )
     if row is None or (projects is not None and row[0] not in projects):
-        raise Invalid(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
+        raise NotFound(f"no checkpoint has id {checkpoint_id!r}", field="resumed_from")
 
 
 def create_run(
@@ -66,10 +66,12 @@ def create_run(
     resumed_from: str | None,
     actor: str,
     now: datetime,
+    started_at: datetime | None = None,
     projects: Collection[str] | None = None,
 ) -> tuple[RunView, bool]:
     """Create the run, or return the existing one of that project and name (created=False).
-    `projects` bounds the checkpoints `resumed_from` may name (None: any)."""
+    `started_at` back-dates an adopted run (now when None). `projects` bounds the
+    checkpoints `resumed_from` may name (None: any)."""
     project_id = _project_id(session, project, now)
     existing = session.execute(
         select(Run).where(Run.project_id == project_id, Run.name == name)
@@ -86,7 +88,7 @@ def create_run(
         labels=labels,
         policy=policy,
         resumed_from=resumed_from,
-        started_at=now,
+        started_at=started_at or now,
         created_by=actor,
         updated_by=actor,
     )
@@ -140,9 +142,11 @@ def list_runs(
     status: str | None,
     limit: int,
     cursor: str | None,
+    labels: Collection[tuple[str, str]] = (),
     projects: Collection[str] | None = None,
 ) -> tuple[list[RunView], str | None]:
-    """Newest run first; only runs of `projects` when given (a bounded caller's)."""
+    """Newest run first; only runs of `projects` when given (a bounded caller's), and only
+    runs carrying every (key, value) of `labels`."""
     stmt = select(Run, Project.name).join(Project).order_by(Run.id.desc()).limit(limit + 1)
     if project is not None:
         stmt = stmt.where(Project.name == project)
@@ -150,6 +154,8 @@ def list_runs(
         stmt = stmt.where(Project.name.in_(sorted(projects)))
     if status is not None:
         stmt = stmt.where(Run.status == status)
+    for key, value in labels:
+        stmt = stmt.where(Run.labels[key].as_string() == value)
     if cursor is not None:
         (last_id,) = decode_cursor(cursor, str)
         if _unstorable(last_id):
@@ -189,12 +195,18 @@ def update_run(
             setattr(run, key, changes[key])
     if "status" in changes and changes["status"] is None:
         raise Invalid("must be one of active, completed, failed", field="status")
+    ended_at = changes.get("ended_at")
+    if ended_at is not None and ended_at < run.started_at:
+        raise Invalid(
+            f"the run started at {run.started_at.isoformat()}: it cannot end before that",
+            field="ended_at",
+        )
     if status == "active":
         run.ended_at = None
     elif changes.get("ended_at") is not None:
         run.ended_at = changes["ended_at"]
     elif run.status == "active" or run.ended_at is None:
-        run.ended_at = now
+        run.ended_at = max(now, run.started_at)  # a given start may lie ahead of this clock
     run.status = status
     run.updated_by = actor
     run.evaluate_requested_at = run.evaluate_requested_at or now
@@ -213,3 +225,22 @@ def update_run(
         )
     session.flush()
     return view
+
+
+def resolve_scope(
+    session: Session, *, project: str | None, run_id: str | None
+) -> tuple[str | None, str | None]:
+    """The (project, run_id) a plan or sweep covers, checked to exist: a scope that names
+    nothing would answer an empty plan that reads as "nothing to do". A run given with its
+    own project is just that run. Raises NotFound naming `project` or `run_id`."""
+    if run_id is not None:
+        view = get_run(session, run_id)
+        if project is not None and view.project != project:
+            raise NotFound(f"project {project!r} has no run {run_id!r}", field="run_id")
+        return None, run_id
+    if project is not None and (
+        _unstorable(project)
+        or session.execute(select(Project.id).where(Project.name == project)).first() is None
+    ):
+        raise NotFound(f"no project is named {project!r}", field="project")
+    return project, None

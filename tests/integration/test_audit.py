@@ -28,6 +28,7 @@ from tests.builders import (
     issue_token,
     list_all,
     make_executor,
+    make_run,
     place_checkpoint,
     put_policy,
     remember_secret,
@@ -79,7 +80,7 @@ def test_a_lifecycle_leaves_an_ordered_trail_with_actors_changes_and_rules(
 ) -> None:
     actor, client = ops
     put_policy(client, POLICY)
-    run = client.post("/v1/runs", json={"project": "llm", "name": "run-1"}).json()
+    run = make_run(client, "llm", "run-1")
     old = place_checkpoint(client, data_dir, run, 1)
     place_checkpoint(client, data_dir, run, 2)
     milestone = place_checkpoint(client, data_dir, run, 3, "milestone")

@@ -438,18 +438,48 @@ def test_restore_at_a_past_time_is_due_now(
     assert make_executor(app).drain() == 1
 
 
-def test_restore_to_a_tier_that_holds_it_changes_nothing(
+def test_restore_to_a_tier_that_holds_it_is_a_409_naming_tier(
     client: TestClient, app: FastAPI, data_dir: Path, on_cold: dict[str, Any]
 ) -> None:
     before = fetch_checkpoint(client, on_cold["id"])
 
     response = client.post(f"/v1/checkpoints/{on_cold['id']}/restore", json={"tier": "cold"})
 
-    assert response.status_code == 202, response.text
-    assert make_executor(app).drain() == 1
-    assert client.get(f"/v1/actions/{response.json()['id']}").json()["state"] == "done"
+    body = assert_problem(response, 409, "tier")
+    assert "primary" in body["detail"] and "cold" in body["detail"]
+    assert ledger(client) == []
+    assert make_executor(app).drain() == 0
     assert fetch_checkpoint(client, on_cold["id"])["locations"] == before["locations"]
     assert tree(data_dir / "hot") == {}
+
+
+def test_restore_to_a_tier_holding_a_replica_is_a_409_too(
+    client: TestClient, app: FastAPI, on_cold: dict[str, Any]
+) -> None:
+    first = client.post(f"/v1/checkpoints/{on_cold['id']}/restore", json={"tier": "hot"})
+    assert first.status_code == 202, first.text
+    assert make_executor(app).drain() == 1
+
+    again = client.post(f"/v1/checkpoints/{on_cold['id']}/restore", json={"tier": "hot"})
+
+    assert "replica" in assert_problem(again, 409, "tier")["detail"]
+    assert [a["id"] for a in ledger(client)] == [first.json()["id"]]
+
+
+def test_an_action_answers_the_checkpoint_step_and_the_worker_phase_apart(
+    client: TestClient, app: FastAPI, on_cold: dict[str, Any]
+) -> None:
+    queued = client.post(f"/v1/checkpoints/{on_cold['id']}/restore", json={"tier": "hot"})
+    assert queued.status_code == 202, queued.text
+    action = queued.json()
+    assert (action["step"], action["phase"], action["bytes_done"]) == (10, None, 0)
+
+    assert make_executor(app).drain() == 1
+
+    for done in (client.get(f"/v1/actions/{action['id']}").json(), *ledger(client)):
+        assert done["step"] == 10 and done["step"] == on_cold["step"]
+        assert done["state"] == "done" and done["phase"] == "switched"
+        assert isinstance(done["bytes_done"], int)
 
 
 @pytest.mark.parametrize("tier", ["tape", "Hot!", ""])

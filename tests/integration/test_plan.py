@@ -156,10 +156,13 @@ def test_plan_of_one_project(client: TestClient, catalog: Catalog) -> None:
     }
 
 
-def test_plan_of_an_unknown_project_is_empty(client: TestClient, catalog: Catalog) -> None:
-    result = plan(client, project="nobody")
+def test_plan_of_an_unknown_project_is_a_404_naming_project(
+    client: TestClient, catalog: Catalog
+) -> None:
+    # An empty plan would read as "nothing to do" for a project that was only misspelt.
+    body = assert_problem(client.post("/v1/plan", json={"project": "nobody"}), 404, "project")
 
-    assert result["actions"] == [] and result["kept"] == []
+    assert "nobody" in body["detail"]
 
 
 def test_plan_of_one_run(client: TestClient, data_dir: Path, catalog: Catalog) -> None:
@@ -174,16 +177,27 @@ def test_plan_of_one_run(client: TestClient, data_dir: Path, catalog: Catalog) -
     assert sorted(k["step"] for k in result["kept"]) == [3, 4, 5]
 
 
-def test_unknown_run_id_is_422_naming_run_id(client: TestClient, catalog: Catalog) -> None:
-    body = assert_problem(client.post("/v1/plan", json={"run_id": "run_nothing"}), 422, "run_id")
+def test_unknown_run_id_is_a_404_naming_run_id(client: TestClient, catalog: Catalog) -> None:
+    body = assert_problem(client.post("/v1/plan", json={"run_id": "run_nothing"}), 404, "run_id")
 
     assert "run_nothing" in body["detail"]
 
 
-def test_project_and_run_id_together_are_refused(client: TestClient, catalog: Catalog) -> None:
-    response = client.post("/v1/plan", json={"project": "proj-a", "run_id": catalog.a["id"]})
+def test_a_run_with_its_own_project_is_the_plan_of_that_run(
+    client: TestClient, catalog: Catalog
+) -> None:
+    together = plan(client, project="proj-a", run_id=catalog.a["id"])
 
-    assert_problem(response, 422, "run_id")
+    assert together == plan(client, run_id=catalog.a["id"])
+    assert {a["run_id"] for a in together["actions"]} == {catalog.a["id"]}
+
+
+def test_a_run_of_another_project_is_a_404_naming_run_id(
+    client: TestClient, catalog: Catalog
+) -> None:
+    response = client.post("/v1/plan", json={"project": "proj-b", "run_id": catalog.a["id"]})
+
+    assert_problem(response, 404, "run_id")
 
 
 def test_unknown_field_in_the_request_is_refused(client: TestClient) -> None:
@@ -232,8 +246,8 @@ def test_stored_policy_by_name_is_a_what_if(client: TestClient, catalog: Catalog
     assert {a["rule"] for a in what_if["actions"]} == {"strict/keep-2"}
 
 
-def test_unknown_policy_name_is_422(client: TestClient, catalog: Catalog) -> None:
-    body = assert_problem(client.post("/v1/plan", json={"policy": "nothing"}), 422, "policy")
+def test_unknown_policy_name_is_a_404_naming_policy(client: TestClient, catalog: Catalog) -> None:
+    body = assert_problem(client.post("/v1/plan", json={"policy": "nothing"}), 404, "policy")
 
     assert "nothing" in body["detail"]
 

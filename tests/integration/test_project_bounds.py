@@ -129,10 +129,10 @@ def test_resumed_from_cannot_reach_into_another_project(
     client = client_for(auth_app, "register", "mine")
     theirs = catalog.checkpoints["theirs"][0]["id"]
     body = {"project": "mine", "name": "resumed", "resumed_from": theirs}
-    assert_problem(client.post("/v1/runs", json=body), 422, "resumed_from")
+    assert_problem(client.post("/v1/runs", json=body), 404, "resumed_from")
     run_id = catalog.runs["mine"]["id"]
     patch = client.patch(f"/v1/runs/{run_id}", json={"resumed_from": theirs})
-    assert_problem(patch, 422, "resumed_from")
+    assert_problem(patch, 404, "resumed_from")
     mine = catalog.checkpoints["mine"][0]["id"]
     ok = client.post("/v1/runs", json={**body, "resumed_from": mine})
     assert ok.status_code == 201, ok.text
@@ -145,3 +145,18 @@ def test_unknown_ids_are_404_for_a_bounded_token(auth_app: FastAPI, catalog: Cat
     assert_problem(client.get("/v1/checkpoints/ckpt_nothing"), 404)
     assert_problem(client.get("/v1/actions/act_nothing"), 404)
     assert_problem(client.get("/v1/runs/run_%00"), 404)
+
+
+def test_metrics_are_for_tokens_bounded_by_no_project(
+    auth_app: FastAPI, admin_client: TestClient, catalog: Catalog
+) -> None:
+    """The counters are the whole service's (every project's actions, every tier's bytes):
+    operational figures, not one project's data, so a bounded token cannot read them."""
+    bounded = client_for(auth_app, "read", "mine")
+    refused = assert_problem(bounded.get("/metrics"), 403)
+    assert "every project" in refused["detail"] and '["*"]' in refused["detail"]
+
+    for reader in (client_for(auth_app, "read", "*"), admin_client):
+        response = reader.get("/metrics")
+        assert response.status_code == 200, response.text
+        assert "ckpt_tier_bytes" in response.text

@@ -219,7 +219,7 @@ def test_resumed_from_must_name_an_existing_checkpoint(client: TestClient, data_
     refused = client.post(
         "/v1/runs", json={"project": "proj", "name": "attempt-2", "resumed_from": "ckpt_missing"}
     )
-    assert_problem(refused, 422, "resumed_from")
+    assert_problem(refused, 404, "resumed_from")
     assert run_names(client) == ["proj/attempt-1"]
 
     second = client.post(
@@ -238,7 +238,7 @@ def test_patch_resumed_from_is_checked_and_can_be_cleared(
 
     assert_problem(
         client.patch(f"/v1/runs/{run['id']}", json={"resumed_from": "ckpt_missing"}),
-        422,
+        404,
         "resumed_from",
     )
     assert client.get(f"/v1/runs/{run['id']}").json()["resumed_from"] is None
@@ -257,3 +257,112 @@ def test_an_empty_patch_changes_nothing(client: TestClient) -> None:
 
     assert response.status_code == 200, response.text
     assert response.json() == run
+
+
+# --- adopted runs, ends before starts, label filters, unknown parameters ---------------------
+
+
+def test_an_adopted_run_keeps_the_start_it_was_given(client: TestClient) -> None:
+    response = client.post(
+        "/v1/runs",
+        json={"project": "llama", "name": "old", "started_at": "2025-06-01T10:00:00+02:00"},
+    )
+
+    assert response.status_code == 201, response.text
+    assert ts(response.json()["started_at"]) == datetime(2025, 6, 1, 8, tzinfo=UTC)
+    again = client.post("/v1/runs", json={"project": "llama", "name": "old"})
+    assert again.status_code == 200 and again.json()["started_at"] == response.json()["started_at"]
+
+
+@pytest.mark.parametrize("started_at", ["yesterday", 1700000000, ""])
+def test_a_start_that_is_no_timestamp_is_422(client: TestClient, started_at: object) -> None:
+    response = client.post(
+        "/v1/runs", json={"project": "llama", "name": "old", "started_at": started_at}
+    )
+
+    assert_problem(response, 422, "started_at")
+    assert run_names(client) == []
+
+
+def test_an_end_before_the_start_is_422_and_changes_nothing(client: TestClient) -> None:
+    run = make_run(client, started_at="2026-02-01T00:00:00Z")
+
+    response = client.patch(
+        f"/v1/runs/{run['id']}", json={"status": "completed", "ended_at": "2026-01-31T23:59:59Z"}
+    )
+
+    body = assert_problem(response, 422, "ended_at")
+    assert "2026-02-01" in body["detail"]
+    assert client.get(f"/v1/runs/{run['id']}").json() == run
+    at_the_start = {"status": "completed", "ended_at": "2026-02-01T00:00:00Z"}
+    assert client.patch(f"/v1/runs/{run['id']}", json=at_the_start).status_code == 200
+
+
+def test_ending_a_run_that_starts_ahead_of_the_clock_ends_it_at_its_start(
+    client: TestClient,
+) -> None:
+    run = make_run(client, started_at="2999-01-01T00:00:00Z")
+
+    response = client.patch(f"/v1/runs/{run['id']}", json={"status": "failed"})
+
+    assert response.status_code == 200, response.text
+    assert response.json()["ended_at"] == run["started_at"]
+
+
+def test_list_filters_by_every_label_given(client: TestClient) -> None:
+    make_run(client, "alpha", "a1", labels={"team": "nlp", "size": "7b"})
+    make_run(client, "alpha", "a2", labels={"team": "nlp", "size": "70b"})
+    make_run(client, "beta", "b1", labels={"team": "vision", "size": "7b"})
+    make_run(client, "beta", "b2", labels={"note": "team:nlp"})
+
+    assert run_names(client, label="team:nlp") == ["alpha/a1", "alpha/a2"]
+    assert run_names(client, label=["team:nlp", "size:7b"]) == ["alpha/a1"]
+    assert run_names(client, label=["size:7b"], project="beta") == ["beta/b1"]
+    assert run_names(client, label="note:team:nlp") == ["beta/b2"]  # the value may hold ':'
+    assert run_names(client, label="team:") == []
+    assert run_names(client, label="missing:x") == []
+
+
+@pytest.mark.parametrize("label", ["team", ":nlp", 'te"am:nlp'])
+def test_a_label_filter_without_key_and_value_is_422(client: TestClient, label: str) -> None:
+    assert_problem(client.get("/v1/runs", params={"label": label}), 422, "label")
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/v1/runs", {"projct": "gpt"}),
+        ("/v1/runs", {"project": "gpt", "limit": 5, "statuss": "active"}),
+        ("/v1/actions", {"run": "x"}),
+        ("/healthz", {"verbose": "1"}),
+        ("/v1/tiers", {"cursor": "", "page": "2"}),
+    ],
+)
+def test_an_unknown_query_parameter_is_422_naming_it(
+    client: TestClient, path: str, params: dict[str, Any]
+) -> None:
+    make_run(client, "gpt", "a")
+    make_run(client, "other", "b")
+    (unknown,) = [name for name in params if name not in ("project", "limit", "cursor")]
+
+    body = assert_problem(client.get(path, params=params), 422, unknown)
+
+    assert body["field"] == unknown
+
+
+def test_a_patch_accepts_null_wherever_the_document_allows_it(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    fields = document["components"]["schemas"]["RunUpdate"]["properties"]
+    nullable = {
+        name
+        for name, schema in fields.items()
+        if any(branch.get("type") == "null" for branch in schema.get("anyOf", []))
+    }
+    assert nullable == {"policy", "resumed_from", "ended_at"}
+    run = make_run(client)
+
+    for name in sorted(nullable):
+        response = client.patch(f"/v1/runs/{run['id']}", json={name: None})
+        assert response.status_code == 200, (name, response.text)
+    for name in sorted(set(fields) - nullable):
+        assert_problem(client.patch(f"/v1/runs/{run['id']}", json={name: None}), 422, name)

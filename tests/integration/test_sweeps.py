@@ -162,8 +162,9 @@ def test_sweep_of_one_run_or_project(client: TestClient, data_dir: Path) -> None
     assert len(by_run["actions"]) == len(by_project["actions"]) == 1
 
 
-def test_sweep_of_an_unknown_run_is_422(client: TestClient) -> None:
-    assert_problem(client.post("/v1/sweeps", json={"run_id": "run_nothing"}), 422, "run_id")
+def test_sweep_of_an_unknown_run_or_project_is_a_404(client: TestClient) -> None:
+    assert_problem(client.post("/v1/sweeps", json={"run_id": "run_nothing"}), 404, "run_id")
+    assert_problem(client.post("/v1/sweeps", json={"project": "nobody"}), 404, "project")
     assert ledger(client) == []
 
 
