@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import authorize
+from app.api.schemas import NO_NUL
 from app.domain.errors import AppError, UnsupportedMedia
 
 PROBLEM = "application/problem+json"
@@ -72,6 +73,8 @@ def _sentence(item: Mapping[str, Any], message: str) -> str:
     if kind == "literal_error":
         expected = (item.get("ctx") or {}).get("expected")
         return f"must be one of {expected}" if expected else message
+    if kind == "string_pattern_mismatch" and (item.get("ctx") or {}).get("pattern") == NO_NUL:
+        return "must not contain NUL characters"  # the one pattern a person cannot read
     return message
 
 

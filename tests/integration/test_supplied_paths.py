@@ -140,9 +140,9 @@ def test_nul_bytes_are_refused_in_labels(
     client: TestClient, data_dir: Path, run: dict[str, Any], where: str
 ) -> None:
     labels = {"team\x00": "a"} if where == "key" else {"team": "a\x00b"}
-    assert_problem(
-        client.post("/v1/runs", json={"project": "p", "name": "n", "labels": labels}), 422
-    )
+    body = {"project": "p", "name": "n", "labels": labels}
+    refused = assert_problem(client.post("/v1/runs", json=body), 422)
+    assert refused["detail"].endswith("must not contain NUL characters"), refused
     assert_problem(client.patch(f"/v1/runs/{run['id']}", json={"labels": labels}), 422)
     files = step_files(1)
     root = step_dir(data_dir, "hot", run, 1)
