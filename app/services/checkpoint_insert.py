@@ -20,20 +20,25 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict, NotFound
 from app.services import audit
-from app.services.overlap import Overlap, ancestors, escape_like, refuse_overlap
+from app.services.overlap import Overlap, ancestors, refuse_overlap
 from app.services.upsert import insert_ignoring_conflicts
 from app.services.usage import count_active
 
-# `o` is the overlap check (app.services.overlap.find_overlap, in SQL): a live location of
-# another checkpoint equal to the uri, above it or under it stops the insert.
+# `o` is the overlap check (app.services.overlap.find_overlap, in SQL, two index range scans
+# that a prepared generic plan keeps): a live location of another checkpoint equal to the
+# uri, above it or under it stops the insert.
 _PG_INSERT = """
     WITH o AS (
-        SELECT l.checkpoint_id, l.uri FROM locations l
-        JOIN checkpoints k ON k.id = l.checkpoint_id
+        SELECT m.checkpoint_id, m.uri FROM (
+            SELECT id, checkpoint_id, uri FROM locations WHERE uri = ANY(%(ancestors)s)
+            UNION ALL
+            SELECT id, checkpoint_id, uri FROM locations
+            WHERE uri ~>=~ %(below_low)s AND uri ~<~ %(below_high)s
+        ) m
+        JOIN checkpoints k ON k.id = m.checkpoint_id
         WHERE k.state IN ('writing', 'active', 'trashed')
-          AND (l.uri = ANY(%(ancestors)s) OR l.uri LIKE %(under)s ESCAPE '\\')
           AND NOT (k.run_id = %(run_id)s AND k.step = %(step)s)
-        ORDER BY l.id LIMIT 1
+        ORDER BY m.id LIMIT 1
     ), c AS (
         INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
                                  metrics, labels, pinned, pin_reason, single_file, created_at,
@@ -108,7 +113,8 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         "audit_event": event,
         "audit_after": _json(after),
         "ancestors": ancestors(values["uri"]),
-        "under": escape_like(values["uri"].rstrip("/")) + "/%",
+        "below_low": values["uri"].rstrip("/") + "/",
+        "below_high": values["uri"].rstrip("/") + "0",
     }
     if session.in_transaction():
         # The request already holds a connection: use it (commit comes with the request)

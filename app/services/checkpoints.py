@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
-from app.domain.errors import Conflict, NotFound
+from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
 from app.services import audit
@@ -95,13 +95,32 @@ def register_checkpoint(
     """Register a checkpoint; returns it and whether it was created.
 
     Idempotent: the same step with the same content returns the existing checkpoint;
-    different content raises Conflict. Concurrent identical calls leave one row.
+    different content raises Conflict. Concurrent identical calls leave one row. A run
+    that does not exist is a NotFound whatever else is wrong with the registration.
     """
-    get_run(session, run_id)  # a run that does not exist is a 404 whatever the body says
+    try:
+        return _register(session, tiers=tiers, run_id=run_id, reg=reg, actor=actor, now=now)
+    except (Invalid, Conflict):
+        # Looked up only when the registration is refused: the insert itself finds a
+        # missing run (its foreign key), so the hot path spends no query on it.
+        get_run(session, run_id)
+        raise
+
+
+def _register(
+    session: Session,
+    *,
+    tiers: list[Tier],
+    run_id: str,
+    reg: Registration,
+    actor: str,
+    now: datetime,
+) -> tuple[Checkpoint, bool]:
     located = locate(reg.uri, tiers)
     files = normalise(reg.files) if reg.files is not None else None
     single_file = False
     if files is None:
+        get_run(session, run_id)  # before listing storage on its behalf
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, literal, or_, select
+from sqlalchemy import Subquery, and_, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location
@@ -64,16 +64,18 @@ def ancestors(uri: str) -> list[str]:
     return found
 
 
-def escape_like(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _under(uri: str, dialect: str):  # type: ignore[no-untyped-def]
-    """Locations lying under `uri`, in a form the `ix_locations_uri` index answers."""
-    if dialect == "postgresql":  # text_pattern_ops: a LIKE with a fixed prefix is a range
-        return Location.uri.like(escape_like(uri) + "/%", escape="\\")
-    # SQLite compares bytes: every string starting with "<uri>/" sorts in [<uri>/, <uri>0)
-    return and_(Location.uri >= uri + "/", Location.uri < uri + "0")
+def _candidates(uri: str, dialect: str) -> Subquery:
+    """Locations equal to or above `uri`, and locations under it: two index range scans
+    (`ix_locations_uri`), kept apart so that a prepared, generic plan uses the index too
+    (an OR of the two, or a LIKE on a parameter, makes PostgreSQL scan the table)."""
+    columns = (Location.id, Location.checkpoint_id, Location.uri)
+    above = select(*columns).where(Location.uri.in_(ancestors(uri)))
+    low, high = uri + "/", uri + "0"  # every "<uri>/..." sorts between these, byte by byte
+    if dialect == "postgresql":  # the operators of text_pattern_ops: bytes, any collation
+        below = select(*columns).where(Location.uri.op("~>=~")(low), Location.uri.op("~<~")(high))
+    else:  # SQLite compares bytes already
+        below = select(*columns).where(Location.uri >= low, Location.uri < high)
+    return union_all(above, below).subquery()
 
 
 def find_overlap(
@@ -86,19 +88,16 @@ def find_overlap(
     """The first live checkpoint (other than the excluded one) with a location equal to,
     containing or inside `uri`; None when there is none. Two indexed lookups."""
     uri = uri.rstrip("/")
-    dialect = session.get_bind().dialect.name
+    found = _candidates(uri, session.get_bind().dialect.name)
     stmt = (
-        select(Location.checkpoint_id, Location.uri)
-        .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
-        .where(
-            Checkpoint.state.in_(LIVE),
-            or_(Location.uri.in_(ancestors(uri)), _under(uri, dialect)),
-        )
-        .order_by(Location.id)
+        select(found.c.checkpoint_id, found.c.uri)
+        .join(Checkpoint, Checkpoint.id == found.c.checkpoint_id)
+        .where(Checkpoint.state.in_(LIVE))
+        .order_by(found.c.id)
         .limit(1)
     )
     if exclude_checkpoint is not None:
-        stmt = stmt.where(Location.checkpoint_id != exclude_checkpoint)
+        stmt = stmt.where(found.c.checkpoint_id != exclude_checkpoint)
     if exclude_step is not None:
         run_id, step = exclude_step
         stmt = stmt.where(~and_(Checkpoint.run_id == run_id, Checkpoint.step == literal(step)))
