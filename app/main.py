@@ -36,10 +36,10 @@ from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
 from app.domain.tier import Tier
 from app.scheduler.runtime import Runtime
-from app.services.policies import load_policy_files, store_policy
-from app.services.tokens import count_live_admin_tokens, ensure_token
+from app.services.catalog.policies import load_policy_files, store_policy
+from app.services.catalog.tokens import count_live_admin_tokens, ensure_token
 from app.settings import Settings, get_settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 log = logging.getLogger("app.main")
 

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.db.session import session_scope
-from app.services.executor import Executor
-from app.services.tokens import create_token
+from app.services.catalog.tokens import create_token
+from app.services.lifecycle.worker import Executor
 from app.settings import Settings
 
 # Runs start here unless a test says otherwise, so that a test may end one on any later

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import Cursor, IdFilter, Limit, SessionDep
 from app.api.schemas import Page, Timestamp
 from app.db.models import AuditEvent
-from app.services import audit
+from app.services.catalog import audit
 
 router = APIRouter(tags=["audit"])
 

@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute
 
 from app.domain.access import ANONYMOUS, NOBODY, Principal, Scope
 from app.domain.errors import Forbidden, Unauthorized
-from app.services.tokens import ProjectOf, lookup_token
+from app.services.catalog.tokens import ProjectOf, lookup_token
 
 log = logging.getLogger("app.auth")
 

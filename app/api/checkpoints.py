@@ -29,8 +29,8 @@ from app.api.schemas import (
     Page,
     PinCreate,
 )
-from app.services import checkpoints
-from app.services.checkpoints import Registration
+from app.services.catalog import checkpoints
+from app.services.catalog.checkpoints import Registration
 
 router = APIRouter(tags=["checkpoints"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.api.schemas import CheckpointRead, LocationRead, RunRead
 from app.db.models import Checkpoint
-from app.services.runs import RunView
+from app.services.catalog.runs import RunView
 
 
 def run_read(view: RunView) -> RunRead:

@@ -19,9 +19,9 @@ from app.api.cost_schemas import (
 from app.api.deps import PrincipalDep, SessionDep, TiersDep
 from app.api.schemas import NAME_PATTERN
 from app.cost.forecast import forecast
-from app.cost.inputs import resolve_policy, tier_prices
 from app.cost.planner import size
-from app.cost.report import GroupBy, cost_report
+from app.services.cost.inputs import resolve_policy, tier_prices
+from app.services.cost.report import GroupBy, cost_report
 
 router = APIRouter(tags=["cost"])
 

@@ -27,9 +27,9 @@ from app.cost.planner import (
     SizingInputs,
 )
 from app.cost.prices import PriceQuote
-from app.cost.report import CostReport, GroupBy
 from app.domain.duration import parse_duration
 from app.domain.errors import Invalid
+from app.services.cost.report import CostReport, GroupBy
 
 MAX_BYTES = 10**18
 
@@ -89,7 +89,7 @@ Interval = Annotated[
     Field(max_length=32, pattern=r"^(end|[1-9][0-9]{0,5}[smhdw])$", examples=["3h", "1d", "end"]),
     AfterValidator(_interval),
 ]
-# A tier's name, or `*` for every tier (app.cost.inputs.tier_prices says how they layer).
+# A tier's name, or `*` for every tier (app.services.cost.inputs.tier_prices says how they layer).
 PricedTier = Annotated[str, Field(pattern=rf"^(\*|{NAME_PATTERN[1:-1]})$", examples=["*", "cold"])]
 Recipe = Literal["fp32-master-adam", "bf16-fp32-master-adam", "zero-mixed-adam"]
 

@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from starlette.routing import BaseRoute
 
 from app.api.auth import authorize
+from app.db.pagination import MAX_LIMIT
 from app.domain.access import Principal
 from app.domain.errors import Invalid
 from app.domain.tier import Tier
-from app.services.pagination import MAX_LIMIT
 from app.settings import Settings
 
 

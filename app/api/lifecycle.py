@@ -36,8 +36,9 @@ from app.db.models import Action, Checkpoint
 from app.domain.errors import Invalid, NotFound
 from app.domain.tier import Tier
 from app.policy.schema import Policy
-from app.services import ledger, policies, runs
-from app.services.planning import plan_catalog
+from app.services.catalog import policies, runs
+from app.services.lifecycle import ledger
+from app.services.lifecycle.planning import plan_catalog
 
 router = APIRouter(tags=["lifecycle"])
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.models import Action, Checkpoint
 from app.db.session import session_scope
 from app.domain.tier import Tier
-from app.services.tiers import tier_usage
+from app.services.catalog.tier_usage import tier_usage
 
 router = APIRouter(tags=["metrics"])
 

@@ -11,9 +11,9 @@ from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersD
 from app.api.lifecycle_schemas import PolicyRead
 from app.api.schemas import NAME_PATTERN, Page
 from app.db.models import PolicyRow
+from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.errors import Invalid
-from app.services import policies
-from app.services.pagination import decode_cursor, encode_cursor
+from app.services.catalog import policies
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import NowDep, PrincipalDep, TiersDep
 from app.domain.errors import Invalid
-from app.services import reconcile as service
+from app.services.lifecycle import reconcile as service
 
 router = APIRouter(tags=["reconcile"])
 

@@ -10,7 +10,7 @@ from pydantic import Field
 from app.api.convert import run_read
 from app.api.deps import Cursor, EvaluateLater, Limit, NowDep, PrincipalDep, SessionDep
 from app.api.schemas import Name, Page, RunCreate, RunRead, RunStatus, RunUpdate
-from app.services import runs
+from app.services.catalog import runs
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 

@@ -8,8 +8,8 @@ from app.api.cost_schemas import TierPricedRead, price_read
 from app.api.deps import Cursor, Limit, PrincipalDep, SessionDep, TiersDep
 from app.api.schemas import Health, Page, TierUsage
 from app.cost.prices import effective_price
-from app.services.pagination import decode_cursor, encode_cursor
-from app.services.tiers import tier_usage
+from app.db.pagination import decode_cursor, encode_cursor
+from app.services.catalog.tier_usage import tier_usage
 
 router = APIRouter(tags=["tiers"])
 

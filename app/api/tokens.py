@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response, status
 from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep
 from app.api.schemas import Page, TokenCreate, TokenCreated, TokenRead
 from app.db.models import Token
-from app.services import tokens
+from app.services.catalog import tokens
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.session import session_scope
 from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
-from app.services.executor import Executor
-from app.services.ledger import enqueue_due_purges, requested_evaluations, run_sweep
-from app.services.reconcile import reconcile, turn
+from app.services.lifecycle.ledger import enqueue_due_purges, requested_evaluations, run_sweep
+from app.services.lifecycle.reconcile import reconcile, turn
+from app.services.lifecycle.worker import Executor
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)

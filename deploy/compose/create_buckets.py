@@ -27,7 +27,7 @@ from requests.exceptions import ConnectionError as GcsConnectionError
 
 from app.domain.tier import Tier
 from app.settings import load_settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 WAIT_SECONDS = 60.0  # the stores may still be starting when this runs

@@ -12,7 +12,7 @@ import typer
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner, Result
 
-from app.cli_cost import register
+from app.cli.cost import register
 from app.cost.prices import catalog
 from app.db.migrate import upgrade
 from app.main import NO_BACKGROUND, create_app

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
-from app.cli_lifecycle import register
+from app.cli.lifecycle import register
 from app.settings import Settings
 from tests.builders import (
     ago,

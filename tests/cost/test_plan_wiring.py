@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.services.planning import plan_catalog
+from app.services.lifecycle.planning import plan_catalog
 from app.settings import Settings
 from tests.builders import ago, end_run, ledger, make_run, place_checkpoint, put_policy
 from tests.cost.conftest import cost_app

@@ -19,7 +19,7 @@ from app.cost.prices import effective_price
 from app.domain.tier import Price
 from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
-from app.tiers import TiersFileError, parse_tiers_file
+from app.tiers_config import TiersFileError, parse_tiers_file
 
 
 @pytest.fixture(autouse=True)

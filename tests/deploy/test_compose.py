@@ -20,9 +20,9 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from app.cli import cli
-from app.services.policies import load_policy_files
+from app.services.catalog.policies import load_policy_files
 from app.settings import Settings, load_settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 from tests.deploy.support import REPO, dev_tool, image_env, unknown_settings
 from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.ports import free_port

@@ -23,9 +23,9 @@ from app.cli import cli
 from app.cost.prices import effective_price
 from app.db.migrate import upgrade
 from app.main import NO_BACKGROUND, create_app
-from app.services.policies import parse_yaml, validate_policy
+from app.services.catalog.policies import parse_yaml, validate_policy
 from app.settings import Settings, load_settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 from tests.builders import issue_token
 from tests.deploy.kustomize import Doc, is_custom, pod_spec, render
 from tests.deploy.support import REPO, unknown_settings

@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.db.session import session_scope
-from app.services.ledger import add_action, new_action
-from app.services.planning import plan_catalog, replan_after
+from app.services.lifecycle.ledger import add_action, new_action
+from app.services.lifecycle.planning import plan_catalog, replan_after
 from tests.builders import end_run, make_run, place_checkpoint, put_policy
 
 POLICY = """\

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from app.main import load_policies_into
-from app.services.policies import list_policy_rows
+from app.services.catalog.policies import list_policy_rows
 from app.settings import Settings
 
 

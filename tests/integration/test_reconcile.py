@@ -254,7 +254,7 @@ def test_one_scheduler_reconciles_at_a_time(
     from datetime import timedelta
 
     from app.scheduler.runtime import Runtime
-    from app.services.reconcile import turn
+    from app.services.lifecycle.reconcile import turn
 
     run = make_run(client)
     broken = place_checkpoint(client, data_dir, run, 100)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs
 
-from app.services.reconcile import delete_orphans
+from app.services.lifecycle.reconcile import delete_orphans
 from app.settings import Settings
 from tests.builders import fetch_checkpoint, make_run, register, with_tiers
 from tests.storage.gcs_server import GcsEndpoint

@@ -41,12 +41,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.models import Action, Base, Checkpoint, Location
 from app.db.session import make_session_factory, session_scope
 from app.domain.tier import Tier
-from app.services.checkpoints import Registration, register_checkpoint
-from app.services.ledger import new_action, purge_action
-from app.services.runs import create_run
-from app.services.usage import count_active
+from app.services.catalog.checkpoints import Registration, register_checkpoint
+from app.services.catalog.run_totals import count_active
+from app.services.catalog.runs import create_run
+from app.services.lifecycle.ledger import new_action, purge_action
 from app.settings import Settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 from tests.figures import FIGURES
 from tests.reliability.worker import WorkerJob, run_worker
 

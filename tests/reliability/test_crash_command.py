@@ -16,7 +16,7 @@ from sqlalchemy import update
 from app.db.migrate import upgrade
 from app.db.models import Action
 from app.db.session import make_engine, make_session_factory, session_scope
-from app.services.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
+from app.services.lifecycle.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
 from tests.reliability.harness import (
     Scenario,
     after_crash,

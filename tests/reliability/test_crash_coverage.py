@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.services.crash import POINTS
+from app.services.lifecycle.crash import POINTS
 from tests.figures import FIGURES
 from tests.reliability.harness import (
     COVERAGE_SCENARIOS,

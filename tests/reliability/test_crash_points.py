@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from app.services import executor
-from app.services.crash import (
+from app.services.lifecycle import worker as executor
+from app.services.lifecycle.crash import (
     CRASH_AT_ENV,
     CRASH_TRACE_ENV,
     POINTS,
@@ -198,7 +198,7 @@ def test_an_undeclared_point_is_refused_when_asked_for(
 
 REACH_TWICE = textwrap.dedent(
     """
-    from app.services.crash import crash_point
+    from app.services.lifecycle.crash import crash_point
     crash_point("worker.claimed")
     crash_point("transfer.started")
     crash_point("worker.claimed")

@@ -37,7 +37,7 @@ from app.api import auth
 from app.db.models import Action, Checkpoint
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
-from app.services.executor import Executor
+from app.services.lifecycle.worker import Executor
 from app.settings import Settings
 from app.storage import gcs, retry, s3
 from app.storage.base import join_key

@@ -28,8 +28,8 @@ from schemathesis import Case, CheckContext, GenerationMode, Response
 from schemathesis.schemas import BaseSchema
 from sqlalchemy import Engine
 
+from app.db.pagination import encode_cursor
 from app.main import NO_BACKGROUND, create_app
-from app.services.pagination import encode_cursor
 from app.settings import Settings
 from tests.builders import PROBLEM_JSON, assert_problem, bearer, remember_secret
 

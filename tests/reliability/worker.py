@@ -18,11 +18,11 @@ from sqlalchemy.orm import configure_mappers
 
 import app.storage.gcs  # noqa: F401  (imported by the first gs:// tier otherwise: 0.5 s a child)
 from app.db.session import make_engine, make_session_factory
-from app.services.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
-from app.services.executor import Executor
+from app.services.lifecycle.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
+from app.services.lifecycle.worker import Executor
 from app.settings import Settings
 from app.storage.s3 import S3Storage
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 # What every child would otherwise do first, done once in the fork server: the ORM's mapper
 # configuration, and boto's S3 service model loaded into the shared session (no connection

@@ -8,7 +8,7 @@ import pytest
 
 from app.domain.access import ANONYMOUS, granted, rule_actor, token_principal
 from app.domain.errors import Invalid
-from app.services.tokens import SECRET_PREFIX, hash_secret, new_secret, normalise_grant
+from app.services.catalog.tokens import SECRET_PREFIX, hash_secret, new_secret, normalise_grant
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import io
 from rich.cells import cell_len
 from rich.console import Console
 
-from app.cli_output import TEXT_MIN_WIDTH, Column, build_table, fit_columns, table_width
+from app.cli.output import TEXT_MIN_WIDTH, Column, build_table, fit_columns, table_width
 
 COLUMNS = (
     Column("step", drop=5, justify="right"),

@@ -8,7 +8,7 @@ import pytest
 from app.domain.errors import Invalid
 from app.domain.tier import Price, Tier, locate
 from app.settings import Settings
-from app.tiers import TiersFileError, load_tiers, parse_tiers_file
+from app.tiers_config import TiersFileError, load_tiers, parse_tiers_file
 
 
 @pytest.fixture(autouse=True)

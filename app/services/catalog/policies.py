@@ -12,12 +12,12 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.db.dialect import insert_ignoring_conflicts
 from app.db.models import PolicyRow
 from app.domain.access import POLICY_FILES_ACTOR
 from app.domain.errors import Invalid, NotFound
 from app.policy.schema import Policy
-from app.services import audit
-from app.services.upsert import insert_ignoring_conflicts
+from app.services.catalog import audit
 
 log = logging.getLogger("app.policies")
 

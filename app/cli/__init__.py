@@ -9,15 +9,15 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from app.cli_cost import register as register_cost_commands
-from app.cli_lifecycle import register as register_lifecycle_commands
-from app.cli_reconcile import register as register_reconcile_commands
-from app.cli_token import register as register_token_commands
+from app.cli.cost import register as register_cost_commands
+from app.cli.lifecycle import register as register_lifecycle_commands
+from app.cli.reconcile import register as register_reconcile_commands
+from app.cli.token import register as register_token_commands
 from app.db import migrate as migrations
 from app.logging import UVICORN_LOG_CONFIG, configure_logging
-from app.services.policies import PolicyFileError, load_policy_files
+from app.services.catalog.policies import PolicyFileError, load_policy_files
 from app.settings import Settings, SettingsError, load_settings
-from app.tiers import TiersFileError, load_tiers
+from app.tiers_config import TiersFileError, load_tiers
 
 cli = typer.Typer(help="Checkpoint retention and lifecycle service.", no_args_is_help=True)
 log = logging.getLogger("app.cli")

@@ -38,9 +38,9 @@ from app.db.models import Action, Checkpoint, Location
 from app.db.session import session_scope
 from app.domain.access import RECONCILE_ACTOR
 from app.domain.tier import Tier
-from app.services import audit
-from app.services.overlap import overlapping_pairs
-from app.services.planning import OPEN_STATES
+from app.services.catalog import audit
+from app.services.catalog.overlap import overlapping_pairs
+from app.services.lifecycle.planning import OPEN_STATES
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
     ArchivedObject,

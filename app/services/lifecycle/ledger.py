@@ -18,17 +18,17 @@ from app import metrics
 from app.cost.early_deletion import action_cost, describe_charges
 from app.cost.prices import effective_price
 from app.db.models import Action, Checkpoint, Project, Run, Sweep
+from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
 from app.domain.duration import format_instant
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier
 from app.policy.schema import Policy
-from app.services import audit
-from app.services.checkpoints import get_checkpoint
-from app.services.pagination import decode_cursor, encode_cursor
-from app.services.planning import OPEN_STATES, plan_catalog, replan_after
-from app.services.usage import count_active
+from app.services.catalog import audit
+from app.services.catalog.checkpoints import get_checkpoint
+from app.services.catalog.run_totals import count_active
+from app.services.lifecycle.planning import OPEN_STATES, plan_catalog, replan_after
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 _local_sweep_lock = threading.Lock()

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.cost.prices import PriceQuote, effective_price
 from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.tier import Tier
-from app.services.tiers import BILLED_STATES
+from app.services.catalog.tier_usage import BILLED_STATES
 
 GroupBy = Literal["tier", "project", "run", "class"]
 GROUPS: tuple[GroupBy, ...] = ("tier", "project", "run", "class")

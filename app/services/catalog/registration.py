@@ -17,14 +17,14 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.db.dialect import insert_ignoring_conflicts
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict, NotFound
-from app.services import audit
-from app.services.overlap import Overlap, ancestors, refuse_overlap
-from app.services.upsert import insert_ignoring_conflicts
-from app.services.usage import count_active
+from app.services.catalog import audit
+from app.services.catalog.overlap import Overlap, ancestors, refuse_overlap
+from app.services.catalog.run_totals import count_active
 
-# `o` is the overlap check (app.services.overlap.find_overlap, in SQL, two index range scans
+# `o` is the overlap check (app.services.catalog.overlap.find_overlap, in SQL, two index range scans
 # that a prepared generic plan keeps): a live location of another checkpoint equal to the
 # uri, above it or under it stops the insert.
 _PG_INSERT = """

@@ -11,14 +11,14 @@ from typing import Annotated, Any
 import typer
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli_lifecycle import operator
-from app.cli_output import Column, emit_json, moment, print_table, progress, stderr
+from app.cli.lifecycle import operator
+from app.cli.output import Column, emit_json, moment, print_table, progress, stderr
 from app.db import migrate as migrations
 from app.db.models import Token
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.errors import AppError
 from app.logging import configure_logging
-from app.services import tokens
+from app.services.catalog import tokens
 from app.settings import Settings
 
 token_cli = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from app.domain.tier import Tier
-from app.services.overlap import find_overlap
+from app.services.catalog.overlap import find_overlap
 from app.storage.base import PermanentError, Storage
 
 

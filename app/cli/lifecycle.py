@@ -17,7 +17,7 @@ import typer
 from prometheus_client import start_http_server
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli_output import Column, emit_json, human_bytes, print_table, progress
+from app.cli.output import Column, emit_json, human_bytes, print_table, progress
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.access import operator_actor
@@ -27,11 +27,11 @@ from app.logging import configure_logging
 from app.main import load_policies_into
 from app.policy.schema import policy_json_schema
 from app.scheduler.runtime import Runtime
-from app.services.ledger import run_sweep
-from app.services.planning import CatalogPlan, plan_catalog
-from app.services.policies import PolicyFileError, parse_yaml, validate_policy
+from app.services.catalog.policies import PolicyFileError, parse_yaml, validate_policy
+from app.services.lifecycle.ledger import run_sweep
+from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 from app.settings import Settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 DRAIN_LIMIT = 10_000  # as Executor.drain: one `--once` run ends even if actions keep coming
 policy_cli = typer.Typer(help="Policy files: schema and validation.", no_args_is_help=True)

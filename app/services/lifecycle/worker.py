@@ -23,12 +23,17 @@ from app import metrics
 from app.db.models import Action, Checkpoint, Location, Project, Run
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
-from app.services import audit
-from app.services.crash import crash_point
-from app.services.ledger import add_action, purge_action
-from app.services.overlap import find_overlap
-from app.services.placement import files_base, placed_uri, refuse_if_overlapping, remove_location
-from app.services.usage import count_active
+from app.services.catalog import audit
+from app.services.catalog.overlap import find_overlap
+from app.services.catalog.run_totals import count_active
+from app.services.lifecycle.crash import crash_point
+from app.services.lifecycle.ledger import add_action, purge_action
+from app.services.lifecycle.placement import (
+    files_base,
+    placed_uri,
+    refuse_if_overlapping,
+    remove_location,
+)
 from app.storage.base import Storage, StorageError, is_permanent, join_key
 from app.storage.registry import storage_for
 from app.storage.retry import counting_retries

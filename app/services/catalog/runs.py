@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.db.dialect import insert_ignoring_conflicts
 from app.db.models import Checkpoint, Project, Run
+from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
-from app.services import audit
-from app.services.pagination import BadCursor, decode_cursor, encode_cursor
-from app.services.upsert import insert_ignoring_conflicts
+from app.services.catalog import audit
 
 
 @dataclass(frozen=True, slots=True)

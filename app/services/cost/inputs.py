@@ -21,7 +21,7 @@ from app.cost.prices import (
 from app.domain.errors import Invalid, NotFound
 from app.domain.tier import Tier
 from app.policy.schema import Policy
-from app.services.policies import get_policy_row, validate_policy
+from app.services.catalog.policies import get_policy_row, validate_policy
 
 DEFAULT_POLICY = "default"
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
-from app.services.usage import project_totals
+from app.services.catalog.run_totals import project_totals
 
 
 @dataclass

@@ -10,22 +10,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
+from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
 from app.domain.tier import Tier, locate
-from app.services import audit
-from app.services.checkpoint_insert import insert_checkpoint
-from app.services.manifest import (
+from app.services.catalog import audit
+from app.services.catalog.manifest import (
     check_supplied,
     list_manifest,
     normalise,
     same_files,
     total_size,
 )
-from app.services.overlap import refuse_overlap
-from app.services.pagination import BadCursor, decode_cursor, encode_cursor
-from app.services.runs import get_run
-from app.services.usage import count_active
+from app.services.catalog.overlap import refuse_overlap
+from app.services.catalog.registration import insert_checkpoint
+from app.services.catalog.run_totals import count_active
+from app.services.catalog.runs import get_run
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
 

@@ -13,15 +13,15 @@ from typing import Annotated, Any
 import typer
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli_lifecycle import operator
-from app.cli_output import Column, emit_json, human_bytes, moment, print_table, progress
+from app.cli.lifecycle import operator
+from app.cli.output import Column, emit_json, human_bytes, moment, print_table, progress
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory
 from app.domain.tier import Tier
 from app.logging import configure_logging
-from app.services import reconcile as service
+from app.services.lifecycle import reconcile as service
 from app.settings import Settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 reconcile_cli = typer.Typer(
     help="Compare every tier with the catalog; delete orphans when asked.",

@@ -19,8 +19,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Action, AuditEvent, Location
+from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
-from app.services.pagination import BadCursor, decode_cursor, encode_cursor
 
 Entity = Literal["checkpoint", "run", "policy", "token", "action"]
 MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL

@@ -20,13 +20,13 @@ import orjson
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from app.db.dialect import insert_ignoring_conflicts
 from app.db.models import Token
+from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.access import ALL_PROJECTS, SCOPES, Principal, token_principal
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
-from app.services import audit
-from app.services.pagination import BadCursor, decode_cursor, encode_cursor
-from app.services.upsert import insert_ignoring_conflicts
+from app.services.catalog import audit
 
 log = logging.getLogger("app.tokens")
 

@@ -27,8 +27,8 @@ from app.domain.plan import Kept, PlannedAction, Skipped
 from app.domain.tier import Tier
 from app.policy.engine import evaluate, select_policy
 from app.policy.schema import Policy
-from app.services.policies import active_policies
-from app.services.snapshot import load_scope
+from app.services.catalog.policies import active_policies
+from app.services.lifecycle.snapshot import load_scope
 
 OPEN_STATES = ("held", "pending", "running")
 # Work whose action failed (its attempts spent, say while a provider is down) is planned

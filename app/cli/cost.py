@@ -21,21 +21,21 @@ from app.api.cost_schemas import (
     planner_read,
     report_read,
 )
-from app.cli_output import Column, emit_json, human_bytes, print_table, progress, usd
-from app.cost.chart import render_forecast
+from app.cli.chart import render_forecast
+from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
 from app.cost.forecast import forecast as run_forecast
-from app.cost.inputs import resolve_policy, tier_prices
 from app.cost.planner import size
-from app.cost.report import GROUPS, cost_report
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.errors import AppError
 from app.domain.tier import Tier
 from app.logging import configure_logging
 from app.main import load_policies_into
-from app.services.policies import parse_yaml
+from app.services.catalog.policies import parse_yaml
+from app.services.cost.inputs import resolve_policy, tier_prices
+from app.services.cost.report import GROUPS, cost_report
 from app.settings import Settings
-from app.tiers import load_tiers
+from app.tiers_config import load_tiers
 
 DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
 TB = 10**12
