@@ -20,6 +20,8 @@ from typing import ParamSpec, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from app.domain import states
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -72,7 +74,7 @@ RECONCILE_LAST = Gauge(
     "When this process last finished a reconciliation (Unix time).",
 )
 
-FINAL_STATES = frozenset({"done", "failed", "cancelled"})
+FINAL_STATES = frozenset(states.FINAL_STATES)
 # URL scheme of a tier -> the provider label of every metric here
 _PROVIDERS = {"file": "local", "s3": "s3", "gs": "gcs"}
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from app.db.session import session_scope
 from app.services.catalog.tokens import create_token
-from app.services.lifecycle.worker import Executor
+from app.services.lifecycle.worker import Worker
 from app.settings import Settings
 
 # Runs start here unless a test says otherwise, so that a test may end one on any later
@@ -243,11 +243,11 @@ def make_executor(
     *,
     trash_retention: timedelta = timedelta(days=7),
     clock: Callable[[], datetime] | None = None,
-) -> Executor:
+) -> Worker:
     """A worker on the app's database and tiers (tests drain it themselves)."""
     if clock is None:
-        return Executor(app.state.session_factory, app.state.tiers, trash_retention=trash_retention)
-    return Executor(
+        return Worker(app.state.session_factory, app.state.tiers, trash_retention=trash_retention)
+    return Worker(
         app.state.session_factory, app.state.tiers, trash_retention=trash_retention, clock=clock
     )
 

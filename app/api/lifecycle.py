@@ -37,8 +37,9 @@ from app.domain.errors import Invalid, NotFound
 from app.domain.tier import Tier
 from app.policy.schema import Policy
 from app.services.catalog import policies, runs
-from app.services.lifecycle import ledger
+from app.services.lifecycle import ledger, requests
 from app.services.lifecycle.planning import plan_catalog
+from app.services.lifecycle.sweep import run_sweep
 
 router = APIRouter(tags=["lifecycle"])
 
@@ -163,7 +164,7 @@ def sweep(
     body = body or SweepRequest()
     project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
     session.rollback()  # the sweep runs in transactions of its own
-    sweep_id, ids = ledger.run_sweep(
+    sweep_id, ids = run_sweep(
         request.app.state.session_factory,
         tiers=tiers,
         now=now,
@@ -226,7 +227,9 @@ def delete_checkpoint(
     checkpoint_id: str, session: SessionDep, principal: PrincipalDep, now: NowDep
 ) -> ActionRead:
     """To the trash (restorable until the trash period ends); 409 while pinned."""
-    return action_read(session, ledger.request_delete(session, checkpoint_id, principal.actor, now))
+    return action_read(
+        session, requests.request_delete(session, checkpoint_id, principal.actor, now)
+    )
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/undelete")
@@ -239,7 +242,7 @@ def undelete_checkpoint(
 ) -> CheckpointRead:
     """Back from the trash, and protected from policy deletes and moves for
     `CKPT_TRASH_RETENTION` (`protected_until` in the answer)."""
-    checkpoint = ledger.undelete(
+    checkpoint = requests.undelete(
         session, checkpoint_id, principal.actor, now, protect_for=settings.trash_retention
     )
     return checkpoint_read(checkpoint)
@@ -257,7 +260,7 @@ def restore_checkpoint(
     """Stage a copy onto `tier`, now or at `at`."""
     return action_read(
         session,
-        ledger.request_restore(
+        requests.request_restore(
             session,
             checkpoint_id=checkpoint_id,
             tier=body.tier,

@@ -28,12 +28,12 @@ from app.main import load_policies_into
 from app.policy.schema import policy_json_schema
 from app.scheduler.runtime import Runtime
 from app.services.catalog.policies import PolicyFileError, parse_yaml, validate_policy
-from app.services.lifecycle.ledger import run_sweep
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
+from app.services.lifecycle.sweep import run_sweep
 from app.settings import Settings
 from app.tiers_config import load_tiers
 
-DRAIN_LIMIT = 10_000  # as Executor.drain: one `--once` run ends even if actions keep coming
+DRAIN_LIMIT = 10_000  # as Worker.drain: one `--once` run ends even if actions keep coming
 policy_cli = typer.Typer(help="Policy files: schema and validation.", no_args_is_help=True)
 
 

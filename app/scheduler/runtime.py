@@ -15,9 +15,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.session import session_scope
 from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
-from app.services.lifecycle.ledger import enqueue_due_purges, requested_evaluations, run_sweep
 from app.services.lifecycle.reconcile import reconcile, turn
-from app.services.lifecycle.worker import Executor
+from app.services.lifecycle.sweep import requested_evaluations, run_sweep
+from app.services.lifecycle.trash import enqueue_due_purges
+from app.services.lifecycle.worker import Worker
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
@@ -49,7 +50,7 @@ class Runtime:
         self.sweep_interval = sweep_interval
         self.trash_retention = trash_retention
         self.reconcile_interval = reconcile_interval
-        self.executor = Executor(factory, tiers, trash_retention=trash_retention)
+        self.executor = Worker(factory, tiers, trash_retention=trash_retention)
         self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
         self._stop = threading.Event()
         self._wake = threading.Event()

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from app.db.models import Action
 from app.db.session import session_scope
-from app.services.lifecycle.worker import PROGRESS_EVERY
+from app.services.lifecycle.steps import PROGRESS_EVERY
 from app.storage.local import CHUNK
 from tests.builders import ago, iso, ledger, make_executor, make_run, register, step_dir
 

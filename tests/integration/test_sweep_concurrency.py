@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.services.lifecycle.ledger import run_sweep
+from app.services.lifecycle.sweep import run_sweep
 from tests.builders import ledger, make_run, place_checkpoint, put_policy
 
 POLICY = """\

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from app.main import Roles, create_app
-from app.services.lifecycle.ledger import evaluation_lock
+from app.services.lifecycle.sweep import evaluation_lock
 from app.settings import Settings
 from tests.builders import (
     ago,

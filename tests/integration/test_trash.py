@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.db.session import session_scope
-from app.services.lifecycle.ledger import enqueue_due_purges
+from app.services.lifecycle.trash import enqueue_due_purges
 from tests.builders import (
     PROBLEM_JSON,
     ago,

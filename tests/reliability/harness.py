@@ -42,7 +42,7 @@ from app.db.models import Action, Base, Checkpoint, Location
 from app.db.session import make_session_factory, session_scope
 from app.domain.tier import Tier
 from app.services.catalog.checkpoints import Registration, register_checkpoint
-from app.services.catalog.run_totals import count_active
+from app.services.catalog.run_totals import add_active
 from app.services.catalog.runs import create_run
 from app.services.lifecycle.ledger import new_action, purge_action
 from app.settings import Settings
@@ -450,7 +450,7 @@ def seed(world: World, factory: sessionmaker[Session], scenario: Scenario) -> Se
             row = session.get(Checkpoint, checkpoint_id)
             assert row is not None
             row.state, row.trashed_at = "trashed", now - timedelta(days=8)
-            count_active(session, run_id, checkpoints=-1, size=-size)
+            add_active(session, run_id, checkpoints=-1, size=-size)
             action = purge_action(session, checkpoint_id, run_id, size, now)
         else:
             action = new_action(

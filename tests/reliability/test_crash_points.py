@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.services.lifecycle import worker as executor
+from app.services.lifecycle import steps, trash, worker
 from app.services.lifecycle.crash import (
     CRASH_AT_ENV,
     CRASH_TRACE_ENV,
@@ -24,6 +24,7 @@ from app.services.lifecycle.crash import (
     UndeclaredCrashPoint,
     crash_point,
 )
+from app.services.lifecycle.ledger import leases
 from app.storage.base import Storage
 
 # Storage calls that only read; every other method of the protocol changes something.
@@ -43,13 +44,13 @@ STORAGE_CHANGES = {
 # The transfer helpers the executor calls: two write, one reads the copy back; and the one
 # way it removes a location's bytes.
 TRANSFER_CALLS = {"copy_files", "change_class", "verify_files", "remove_location"}
-# Executor methods that are one transaction each: their callers carry the crash point.
-STEP_CALLS = {"claim", "_set_step", "_switch", "_finish", "_retry"}
+# Ledger and step functions that are one transaction each: their callers carry the point.
+STEP_CALLS = {"claim", "set_step", "switch", "finish", "retry", "wait_for_restore"}
 # Transactions that change no outcome: renewing a lease (a worker that dies after it loses
 # the lease anyway), and tallying an execution's storage retries (bookkeeping after the step).
-LEASE_ONLY = {"renew", "record_retries"}
+LEASE_ONLY = {"renew", "record_retries", "add_retries"}
 # Calls that write in a transaction (an assignment to an attribute of a row writes too).
-WRITES = {"add", "delete", "merge", "update", "insert", "_close", "count_active"}
+WRITES = {"add", "delete", "merge", "update", "insert", "close", "add_active"}
 
 
 def _called(node: ast.AST) -> str | None:
@@ -150,7 +151,8 @@ def placed_points(source: str) -> list[str]:
     ]
 
 
-EXECUTOR_SOURCE = inspect.getsource(executor)
+# A worker's code: its loop, a transfer's steps, the trash's, and its side of the ledger.
+EXECUTOR_SOURCE = "\n".join(inspect.getsource(m) for m in (worker, steps, trash, leases))
 
 
 def test_every_step_of_the_executor_is_followed_by_a_crash_point() -> None:

@@ -38,7 +38,7 @@ from app.db.migrate import upgrade
 from app.db.models import Action, Checkpoint, Location, Project, Run, Sweep
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.domain.ids import new_id
-from app.services.lifecycle.ledger import SWEEP_LOCK_KEY
+from app.services.lifecycle.sweep import SWEEP_LOCK_KEY
 from tests.conftest import create_pg_database, drop_pg_database, postgres_url
 from tests.figures import FIGURES
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import auth
 from app.db.session import session_scope
-from app.services.lifecycle.ledger import enqueue_due_purges
+from app.services.lifecycle.trash import enqueue_due_purges
 from app.storage import retry, transfer
 from app.storage.base import TransientError
 from app.storage.local import LocalStorage

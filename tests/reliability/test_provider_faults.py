@@ -37,7 +37,7 @@ from app.api import auth
 from app.db.models import Action, Checkpoint
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
-from app.services.lifecycle.worker import Executor
+from app.services.lifecycle.worker import Worker
 from app.settings import Settings
 from app.storage import gcs, retry, s3
 from app.storage.base import join_key
@@ -309,13 +309,13 @@ def guard(
             return original(adapter, prefix)
 
         monkeypatch.setattr(adapter_class, "delete_prefix", guarded)
-    execute = Executor.execute
+    execute = Worker.execute
 
-    def checked(executor: Executor, action_id: str) -> None:
+    def checked(executor: Worker, action_id: str) -> None:
         execute(executor, action_id)
         watch.after_action(action_id)
 
-    monkeypatch.setattr(Executor, "execute", checked)
+    monkeypatch.setattr(Worker, "execute", checked)
     return watch
 
 

@@ -25,7 +25,7 @@ from app.db.models import Action, Run
 from app.db.session import make_session_factory, session_scope
 from app.domain.access import SCHEDULER_ACTOR
 from app.services.catalog.policies import store_policy, validate_policy
-from app.services.lifecycle.ledger import run_sweep
+from app.services.lifecycle.sweep import run_sweep
 from tests.reliability.harness import Scenario, World, seed, wipe
 
 POLICY = {

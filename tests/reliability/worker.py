@@ -1,5 +1,5 @@
 """The worker process the crash tests kill: a real OS process that builds its own engine,
-tiers and Executor, drains the ledger once, and exits (or dies at a crash point).
+tiers and Worker, drains the ledger once, and exits (or dies at a crash point).
 
 Children are forked from a fork server that imported this module once, so each one starts
 in milliseconds instead of the seconds a fresh interpreter needs to import the service;
@@ -19,7 +19,7 @@ from sqlalchemy.orm import configure_mappers
 import app.storage.gcs  # noqa: F401  (imported by the first gs:// tier otherwise: 0.5 s a child)
 from app.db.session import make_engine, make_session_factory
 from app.services.lifecycle.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
-from app.services.lifecycle.worker import Executor
+from app.services.lifecycle.worker import Worker
 from app.settings import Settings
 from app.storage.s3 import S3Storage
 from app.tiers_config import load_tiers
@@ -70,7 +70,7 @@ def worker_main(job: WorkerJob) -> None:
     )
     engine = make_engine(job.database_url, pool_size=2)
     try:
-        executor = Executor(
+        executor = Worker(
             make_session_factory(engine),
             load_tiers(settings),
             trash_retention=job.trash_retention,

@@ -13,6 +13,7 @@ from app.db.models import Checkpoint, Location
 from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.errors import Conflict, Invalid, NotFound
 from app.domain.ids import new_id
+from app.domain.states import CheckpointState
 from app.domain.tier import Tier, locate
 from app.services.catalog import audit
 from app.services.catalog.manifest import (
@@ -24,7 +25,7 @@ from app.services.catalog.manifest import (
 )
 from app.services.catalog.overlap import refuse_overlap
 from app.services.catalog.registration import insert_checkpoint
-from app.services.catalog.run_totals import count_active
+from app.services.catalog.run_totals import add_active
 from app.services.catalog.runs import get_run
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
@@ -180,7 +181,7 @@ def _commit_if_writing(
     now: datetime,
 ) -> Checkpoint:
     """A committed re-registration of a reserved step commits it."""
-    if checkpoint.state != "writing" or not reg.committed:
+    if checkpoint.state != CheckpointState.WRITING or not reg.committed:
         return checkpoint
     if files is None:
         listed = list_manifest(located)
@@ -236,8 +237,12 @@ def _apply_commit(
             )
         ],
     )
-    count_active(
-        session, checkpoint.run_id, checkpoints=1, size=checkpoint.size_bytes, evaluate_at=now
+    add_active(
+        session,
+        checkpoint.run_id,
+        checkpoints=1,
+        size=checkpoint.size_bytes,
+        request_evaluation_at=now,
     )
 
 
@@ -256,13 +261,13 @@ def commit_checkpoint(
     when the manifest agrees; committing a trashed or deleted one is a Conflict."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     manifest = normalise(files) if files is not None else None
-    if checkpoint.state == "active":
+    if checkpoint.state == CheckpointState.ACTIVE:
         if not same_files(checkpoint.files, manifest):
             raise Conflict(
                 "checkpoint is already committed with a different manifest", field="files"
             )
         return checkpoint
-    if checkpoint.state != "writing":
+    if checkpoint.state != CheckpointState.WRITING:
         raise Conflict(f"checkpoint is {checkpoint.state}, not writing", field="state")
     located = locate(checkpoint.uri, tiers)
     if manifest is None:
@@ -328,7 +333,7 @@ def set_pin(
     """Pin (reason given) or unpin (None). Idempotent: a repeat records no audit event (a
     new reason for a pinned checkpoint does)."""
     checkpoint = get_checkpoint(session, checkpoint_id)
-    if reason is not None and checkpoint.state == "deleted":
+    if reason is not None and checkpoint.state == CheckpointState.DELETED:
         raise Conflict("a deleted checkpoint has no bytes left to pin", field="checkpoint_id")
     was = {"pinned": checkpoint.pinned, "pin_reason": checkpoint.pin_reason}
     before, after = audit.diff(was, {"pinned": reason is not None, "pin_reason": reason})

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from sqlalchemy import Subquery, and_, literal, select, union_all
 from sqlalchemy.orm import Session
 
+from app.db.dialect import byte_range
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict
+from app.domain.states import LIVE_STATES
 
 # A checkpoint whose bytes someone still counts on: reserved, active or in the trash.
-LIVE = ("writing", "active", "trashed")
+LIVE = LIVE_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,17 +66,14 @@ def ancestors(uri: str) -> list[str]:
     return found
 
 
-def _candidates(uri: str, dialect: str) -> Subquery:
+def _candidates(session: Session, uri: str) -> Subquery:
     """Locations equal to or above `uri`, and locations under it: two index range scans
     (`ix_locations_uri`), kept apart so that a prepared, generic plan uses the index too
     (an OR of the two, or a LIKE on a parameter, makes PostgreSQL scan the table)."""
     columns = (Location.id, Location.checkpoint_id, Location.uri)
     above = select(*columns).where(Location.uri.in_(ancestors(uri)))
     low, high = uri + "/", uri + "0"  # every "<uri>/..." sorts between these, byte by byte
-    if dialect == "postgresql":  # the operators of text_pattern_ops: bytes, any collation
-        below = select(*columns).where(Location.uri.op("~>=~")(low), Location.uri.op("~<~")(high))
-    else:  # SQLite compares bytes already
-        below = select(*columns).where(Location.uri >= low, Location.uri < high)
+    below = select(*columns).where(*byte_range(Location.uri, session, low, high))
     return union_all(above, below).subquery()
 
 
@@ -88,7 +87,7 @@ def find_overlap(
     """The first live checkpoint (other than the excluded one) with a location equal to,
     containing or inside `uri`; None when there is none. Two indexed lookups."""
     uri = uri.rstrip("/")
-    found = _candidates(uri, session.get_bind().dialect.name)
+    found = _candidates(session, uri)
     stmt = (
         select(found.c.checkpoint_id, found.c.uri)
         .join(Checkpoint, Checkpoint.id == found.c.checkpoint_id)

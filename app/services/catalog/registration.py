@@ -17,12 +17,12 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.dialect import insert_ignoring_conflicts
+from app.db.dialect import insert_ignoring_conflicts, on_postgresql
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict, NotFound
 from app.services.catalog import audit
 from app.services.catalog.overlap import Overlap, ancestors, refuse_overlap
-from app.services.catalog.run_totals import count_active
+from app.services.catalog.run_totals import add_active
 
 # `o` is the overlap check (app.services.catalog.overlap.find_overlap, in SQL, two index range scans
 # that a prepared generic plan keeps): a live location of another checkpoint equal to the
@@ -94,7 +94,7 @@ def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[s
     Raises NotFound when the run does not exist, Conflict when the uri overlaps a live
     location of another checkpoint."""
     try:
-        if session.get_bind().dialect.name == "postgresql":
+        if on_postgresql(session):
             return _insert_postgresql(session, values, location)
         return _insert_in_session(session, values, location)
     except IntegrityError:  # the only constraint left to break is the run's foreign key
@@ -163,12 +163,12 @@ def _insert_in_session(session: Session, values: dict[str, Any], location: dict[
         return False
     conn.execute(insert_ignoring_conflicts(session, Location).values(location))
     if values["state"] == "active":
-        count_active(
+        add_active(
             session,
             values["run_id"],
             checkpoints=1,
             size=values["size_bytes"],
-            evaluate_at=values["registered_at"],
+            request_evaluation_at=values["registered_at"],
         )
     event, after = _audit_event(values, location)
     change = audit.checkpoint_event(

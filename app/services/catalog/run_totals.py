@@ -12,24 +12,27 @@ from sqlalchemy.orm import Session
 from app.db.models import Project, Run
 
 
-def count_active(
+def add_active(
     session: Session,
     run_id: str,
     *,
     checkpoints: int,
     size: int,
-    evaluate_at: datetime | None = None,
+    request_evaluation_at: datetime | None = None,
 ) -> None:
     """Add (or with negative values remove) checkpoints to a run's active totals, and with
-    `evaluate_at` ask for the run's evaluation. Call it in the transaction that changes
+    `request_evaluation_at` also ask for the run's evaluation (in the same statement: a
+    registration pays one round trip for both). Call it in the transaction that changes
     the checkpoints' state."""
     runs = cast(Table, Run.__table__)
     values: dict[str, Any] = {
         "active_checkpoints": runs.c.active_checkpoints + checkpoints,
         "active_bytes": runs.c.active_bytes + size,
     }
-    if evaluate_at is not None:
-        values["evaluate_requested_at"] = func.coalesce(runs.c.evaluate_requested_at, evaluate_at)
+    if request_evaluation_at is not None:
+        values["evaluate_requested_at"] = func.coalesce(
+            runs.c.evaluate_requested_at, request_evaluation_at
+        )
     # Core, not ORM: no identity-map synchronisation to pay for
     session.connection().execute(update(runs).where(runs.c.id == run_id).values(values))
 

@@ -15,6 +15,7 @@ from app.db.models import Checkpoint, Project, Run
 from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.errors import Invalid, NotFound
 from app.domain.ids import new_id
+from app.domain.states import RunStatus
 from app.services.catalog import audit
 
 
@@ -84,7 +85,7 @@ def create_run(
         id=run_id,
         project_id=project_id,
         name=name,
-        status="active",
+        status=RunStatus.ACTIVE,
         labels=labels,
         policy=policy,
         resumed_from=resumed_from,
@@ -184,7 +185,7 @@ def update_run(
     if "resumed_from" in changes:
         _check_resumed_from(session, changes["resumed_from"], projects)
     status = changes.get("status") or run.status
-    if "ended_at" in changes and changes["ended_at"] is not None and status == "active":
+    if "ended_at" in changes and changes["ended_at"] is not None and status == RunStatus.ACTIVE:
         raise Invalid(
             "an active run has no end: set status to completed or failed", field="ended_at"
         )
@@ -201,11 +202,11 @@ def update_run(
             f"the run started at {run.started_at.isoformat()}: it cannot end before that",
             field="ended_at",
         )
-    if status == "active":
+    if status == RunStatus.ACTIVE:
         run.ended_at = None
     elif changes.get("ended_at") is not None:
         run.ended_at = changes["ended_at"]
-    elif run.status == "active" or run.ended_at is None:
+    elif run.status == RunStatus.ACTIVE or run.ended_at is None:
         run.ended_at = max(now, run.started_at)  # a given start may lie ahead of this clock
     run.status = status
     run.updated_by = actor

@@ -8,8 +8,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Location, Project, Run
+from app.domain.states import STORED_STATES
 
-BILLED_STATES = ("active", "trashed")  # trashed bytes are still on disk and still billed
+BILLED_STATES = STORED_STATES  # trashed bytes are still on disk and still billed
 
 
 def tier_usage(

@@ -20,7 +20,7 @@ import orjson
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from app.db.dialect import insert_ignoring_conflicts
+from app.db.dialect import insert_ignoring_conflicts, on_postgresql
 from app.db.models import Token
 from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.access import ALL_PROJECTS, SCOPES, Principal, token_principal
@@ -280,7 +280,7 @@ def lookup_token(
     raw = engine.raw_connection()
     try:
         driver: Any = raw.driver_connection
-        if engine.dialect.name == "postgresql":
+        if on_postgresql(engine):
             driver.autocommit = True
             try:
                 with driver.cursor() as cursor:

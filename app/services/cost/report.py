@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.cost.prices import PriceQuote, effective_price
 from app.db.models import Checkpoint, Location, Project, Run
+from app.domain.states import CheckpointState
 from app.domain.tier import Tier
 from app.services.catalog.tier_usage import BILLED_STATES
 
@@ -86,7 +87,7 @@ def cost_report(
     otherwise rows come costliest first. Reads only."""
     keys = _keys(group_by)
     size = Checkpoint.size_bytes
-    trashed = case((Checkpoint.state == "trashed", size), else_=0)
+    trashed = case((Checkpoint.state == CheckpointState.TRASHED, size), else_=0)
     by_tier = session.execute(
         _scoped(
             select(*keys, Location.tier, func.sum(size), func.sum(trashed)).select_from(Checkpoint),

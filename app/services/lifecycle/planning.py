@@ -24,13 +24,13 @@ from app.cost.prices import effective_price
 from app.db.models import Action, Run
 from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
+from app.domain.states import OPEN_STATES, ActionKind, ActionState
 from app.domain.tier import Tier
 from app.policy.engine import evaluate, select_policy
 from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
 from app.services.lifecycle.snapshot import load_scope
 
-OPEN_STATES = ("held", "pending", "running")
 # Work whose action failed (its attempts spent, say while a provider is down) is planned
 # again only after a pause that doubles with each failure: a long outage then leaves a few
 # failed actions per checkpoint, not one per sweep.
@@ -87,7 +87,7 @@ class CatalogPlan:
         usd_month: dict[str, float] = {}
         for item in self.items:
             a = item.action
-            tier = (a.to_tier if a.kind == "copy" else a.from_tier) or "?"
+            tier = (a.to_tier if a.kind == ActionKind.COPY else a.from_tier) or "?"
             bucket = by_kind[a.kind]
             bucket[tier] = bucket.get(tier, 0) + a.bytes
             for name, amount in item.storage or ():
@@ -129,7 +129,7 @@ def _failures(
             func.count(),
             func.max(Action.finished_at),
         )
-        .where(Action.state == "failed", Action.rule != "manual")
+        .where(Action.state == ActionState.FAILED, Action.rule != "manual")
         .group_by(Action.checkpoint_id, Action.kind, Action.to_tier)
     )
     if run_id is not None:
@@ -286,7 +286,7 @@ def _plan(
         deletes = [
             a
             for a in actions
-            if a.kind == "delete" and (a.checkpoint_id, a.kind, a.to_tier) not in existing
+            if a.kind == ActionKind.DELETE and (a.checkpoint_id, a.kind, a.to_tier) not in existing
         ]
         held = exceeds_blast_radius(
             len(deletes),
@@ -300,6 +300,6 @@ def _plan(
             if open_action is not None:
                 plan.items.append(PlanItem(a, open_action.state, open_action.id, cost, storage))
             else:
-                state = "held" if held and a.kind == "delete" else "pending"
+                state = "held" if held and a.kind == ActionKind.DELETE else "pending"
                 plan.items.append(PlanItem(a, state, cost=cost, storage=storage))
     return plan

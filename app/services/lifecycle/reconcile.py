@@ -24,23 +24,24 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import google_crc32c
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
+from app.db.dialect import try_session_lock
 from app.db.models import Action, Checkpoint, Location
 from app.db.session import session_scope
 from app.domain.access import RECONCILE_ACTOR
+from app.domain.states import LIVE_STATES, OPEN_STATES, STORED_STATES, CheckpointState
 from app.domain.tier import Tier
 from app.services.catalog import audit
 from app.services.catalog.overlap import overlapping_pairs
-from app.services.lifecycle.planning import OPEN_STATES
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
     ArchivedObject,
@@ -53,7 +54,6 @@ from app.storage.registry import storage_for
 log = logging.getLogger("app.reconcile")
 
 ORPHAN_GRACE = timedelta(hours=1)
-LIVE_STATES = ("active", "trashed")  # their catalogued files must exist
 READ_CHUNK = 1 << 20
 
 
@@ -139,23 +139,25 @@ def _catalog(
     rows = session.execute(
         select(Location.checkpoint_id, Location.tier, Location.uri, Checkpoint.state)
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
-        .where(Checkpoint.state.in_(("writing", *LIVE_STATES)))
+        .where(Checkpoint.state.in_(LIVE_STATES))
     ).all()
     files: dict[str, tuple[list[dict[str, object]] | None, bool]] = {
         checkpoint_id: (manifest, single_file)
         for checkpoint_id, manifest, single_file in session.execute(
             select(Checkpoint.id, Checkpoint.files, Checkpoint.single_file).where(
-                Checkpoint.state.in_(LIVE_STATES)
+                Checkpoint.state.in_(STORED_STATES)
             )
         )
     }
     for checkpoint_id, tier, uri, state in rows:
         owned.add(_strip(uri))
         placed.append((checkpoint_id, tier, _strip(uri)))
-        if state in LIVE_STATES:
+        if state in STORED_STATES:
             manifest, single_file = files.get(checkpoint_id, (None, False))
             live.append(_Catalogued(checkpoint_id, tier, _strip(uri), manifest, single_file))
-    for (uri,) in session.execute(select(Checkpoint.uri).where(Checkpoint.state == "writing")):
+    for (uri,) in session.execute(
+        select(Checkpoint.uri).where(Checkpoint.state == CheckpointState.WRITING)
+    ):
         owned.add(_strip(uri))
     for source, dest in session.execute(
         select(Action.source_uri, Action.dest_uri).where(Action.state.in_(OPEN_STATES))
@@ -347,25 +349,10 @@ def record_health(
 RECONCILE_LOCK_KEY = 0x636B7074_7265636E  # "ckptrecn"
 
 
-@contextmanager
-def turn(factory: sessionmaker[Session]) -> Iterator[bool]:
+def turn(factory: sessionmaker[Session]) -> AbstractContextManager[bool]:
     """Whether this process may reconcile now: on PostgreSQL, several schedulers' periodic
-    scans would only repeat each other's listings, so one runs and the others skip (a
-    session advisory lock, held on a connection of its own for the scan)."""
-    engine = factory.kw["bind"]
-    if engine.dialect.name != "postgresql":
-        yield True
-        return
-    key = {"key": RECONCILE_LOCK_KEY}
-    with engine.connect() as connection:  # the lock lives as long as this connection
-        got = bool(connection.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar())
-        connection.commit()
-        try:
-            yield got
-        finally:
-            if got:
-                connection.execute(text("SELECT pg_advisory_unlock(:key)"), key)
-                connection.commit()
+    scans would only repeat each other's listings, so one runs and the others skip."""
+    return try_session_lock(factory, RECONCILE_LOCK_KEY)
 
 
 def reconcile(

@@ -10,13 +10,14 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import Select, and_, select
 from sqlalchemy.orm import Session
 
+from app.db.dialect import fetch_all
 from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
+from app.domain.states import CheckpointState, RunStatus
 from app.services.catalog.run_totals import project_totals
 
 
@@ -49,18 +50,6 @@ def _restrict(
             )
         )
     return stmt
-
-
-def _rows(session: Session, stmt: Select) -> list[Any]:  # type: ignore[type-arg]
-    """All rows of `stmt`. On PostgreSQL straight from the driver: its tuples already hold
-    UTC datetimes and parsed JSON, and a million rows skip SQLAlchemy's row processing."""
-    conn = session.connection()
-    if conn.dialect.name != "postgresql":
-        return list(conn.execute(stmt).all())
-    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-        cursor.execute(str(compiled), compiled.params)
-        return cursor.fetchall()  # type: ignore[no-any-return]
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -108,7 +97,7 @@ def load_scope(
             resumed_from=r[6],
             ended_at=r[7],
         )
-        for r in _rows(session, run_stmt)
+        for r in fetch_all(session, run_stmt)
     ]
     ckpt_stmt = _restrict(
         select(
@@ -126,7 +115,7 @@ def load_scope(
         .outerjoin(
             Location, and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
         )
-        .where(Checkpoint.state == "active"),
+        .where(Checkpoint.state == CheckpointState.ACTIVE),
         project,
         run_id,
         projects,
@@ -134,18 +123,18 @@ def load_scope(
     replica_stmt = _restrict(
         select(Location.checkpoint_id, Location.tier)
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
-        .where(Location.role == "replica", Checkpoint.state == "active"),
+        .where(Location.role == "replica", Checkpoint.state == CheckpointState.ACTIVE),
         project,
         run_id,
         projects,
     )
     replicas: dict[str, set[str]] = defaultdict(set)
-    for checkpoint_id, tier in _rows(session, replica_stmt):
+    for checkpoint_id, tier in fetch_all(session, replica_stmt):
         replicas[checkpoint_id].add(tier)
     by_run: dict[str, list[CheckpointSnapshot]] = defaultdict(list)
     single: dict[str | None, frozenset[str]] = {}  # one frozenset per tier, shared
     make = CheckpointSnapshot._make
-    for row in _rows(session, ckpt_stmt):
+    for row in fetch_all(session, ckpt_stmt):
         cid, rid, step, klass, size, created, metrics, pinned, tier, protected = row
         extra = replicas.get(cid)
         if extra:
@@ -173,12 +162,12 @@ def load_scope(
             )
         )
     resumed_stmt = select(Run.resumed_from).where(
-        Run.status == "active", Run.resumed_from.is_not(None)
+        Run.status == RunStatus.ACTIVE, Run.resumed_from.is_not(None)
     )
     if run_id is not None or project is not None or projects is not None:
         in_scope = _restrict(select(Checkpoint.id), project, run_id, projects)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
-    resumed = {cid for (cid,) in _rows(session, resumed_stmt) if cid is not None}
+    resumed = {cid for (cid,) in fetch_all(session, resumed_stmt) if cid is not None}
     return Scope(
         runs=runs,
         checkpoints=dict(by_run),

@@ -1,0 +1,134 @@
+"""Sweeps: one evaluation of the policies over the catalog, written to the ledger in one
+transaction (a job: it takes a session factory and commits itself)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import metrics
+from app.db.dialect import transaction_lock
+from app.db.models import Run, Sweep
+from app.domain.access import SCHEDULER_ACTOR, rule_actor
+from app.domain.ids import new_id
+from app.domain.states import ActionState
+from app.domain.tier import Tier
+from app.policy.schema import Policy
+from app.services.catalog import audit
+from app.services.lifecycle.ledger import new_action
+from app.services.lifecycle.planning import plan_catalog
+
+SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
+
+
+def evaluation_lock(session: Session) -> AbstractContextManager[None]:
+    """Serialise evaluations that write actions: several replicas never sweep at once."""
+    return transaction_lock(session, SWEEP_LOCK_KEY)
+
+
+@metrics.timed_sweep
+def run_sweep(
+    factory: sessionmaker[Session],
+    *,
+    tiers: list[Tier],
+    now: datetime,
+    trigger: str,
+    actor: str = SCHEDULER_ACTOR,
+    project: str | None = None,
+    run_id: str | None = None,
+    policy: Policy | None = None,
+    answers_request: datetime | None = None,
+) -> tuple[str, list[str]]:
+    """Evaluate and write every planned action to the ledger; returns (sweep id, action ids).
+    The sweep records `actor` (who started it: the scheduler unless a person or a token did);
+    each action records the rule that planned it.
+    With `answers_request` (one run's `evaluate_requested_at`), that request is cleared in
+    the same transaction, unless a newer one arrived meanwhile.
+
+    Idempotent: a checkpoint with an open action of the same kind and target gets no second
+    one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
+    A registration-triggered evaluation that adds nothing leaves no sweep row behind.
+    Every new action is audited (one statement for all of them), as its rule.
+    """
+    session = factory()
+    try:
+        with evaluation_lock(session):
+            plan = plan_catalog(
+                session,
+                tiers=tiers,
+                now=now,
+                project=project,
+                run_id=run_id,
+                policy=policy,
+                explain=False,
+            )
+            sweep = Sweep(
+                id=new_id("swp"),
+                trigger=trigger,
+                run_id=run_id,
+                started_at=now,
+                actions=0,
+                held=0,
+                actor=actor,
+            )
+            session.add(sweep)
+            created: list[str] = []
+            events: list[dict[str, Any]] = []
+            for item in plan.items:
+                if item.open_action_id is not None:
+                    continue
+                a = item.action
+                action = new_action(
+                    checkpoint_id=a.checkpoint_id,
+                    run_id=a.run_id,
+                    kind=a.kind,
+                    from_tier=a.from_tier,
+                    to_tier=a.to_tier,
+                    rule=a.rule,
+                    reason=a.reason,
+                    state=item.state,
+                    size=a.bytes,
+                    actor=rule_actor(a.rule),
+                    now=now,
+                    sweep_id=sweep.id,
+                )
+                session.add(action)
+                created.append(action.id)
+                events.append(audit.action_created(action, at=now))
+                sweep.held += item.state == ActionState.HELD
+            audit.record_many(session, events)
+            sweep.actions = len(created)
+            sweep.finished_at = now
+            if not created and trigger == "registration":
+                session.expunge(sweep)
+            if answers_request is not None and run_id is not None:
+                session.execute(
+                    update(Run)
+                    .where(Run.id == run_id, Run.evaluate_requested_at <= answers_request)
+                    .values(evaluate_requested_at=None)
+                    .execution_options(synchronize_session=False)
+                )
+            session.commit()
+            return sweep.id, created
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def requested_evaluations(
+    session: Session, *, before: datetime, limit: int = 200
+) -> list[tuple[str, datetime]]:
+    """Runs whose evaluation was asked for before `before`, oldest request first."""
+    rows = session.execute(
+        select(Run.id, Run.evaluate_requested_at)
+        .where(Run.evaluate_requested_at.is_not(None), Run.evaluate_requested_at <= before)
+        .order_by(Run.evaluate_requested_at)
+        .limit(limit)
+    ).all()
+    return [(run_id, at) for run_id, at in rows if at is not None]

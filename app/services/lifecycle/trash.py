@@ -1,0 +1,128 @@
+"""The trash: a delete moves a checkpoint there, its bytes stay for the retention period,
+then a purge removes them from every location."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import metrics
+from app.db.models import Action, Checkpoint
+from app.db.session import session_scope
+from app.domain.states import ActionState, CheckpointState
+from app.services.catalog import audit
+from app.services.catalog.run_totals import add_active
+from app.services.lifecycle import ledger
+from app.services.lifecycle.crash import crash_point
+from app.services.lifecycle.ledger import add_action, failed_purges, open_action, purge_action
+from app.services.lifecycle.placement import refuse_if_overlapping, remove_location
+from app.services.lifecycle.planning import replan_after
+from app.services.lifecycle.steps import Context, checkpoint_event, load_checkpoint
+
+
+def enqueue_due_purges(
+    session: Session, *, retention: timedelta, now: datetime, limit: int = 1000
+) -> int:
+    """Create a purge for every trashed checkpoint whose trash period is over. A purge that
+    failed (refused because another checkpoint owns bytes there, say) is tried again only
+    after a pause that doubles with each failure, not every 30 s."""
+    cutoff = now - retention
+    rows = session.execute(
+        select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes)
+        .where(Checkpoint.state == CheckpointState.TRASHED, Checkpoint.trashed_at <= cutoff)
+        .limit(limit)
+    ).all()
+    failed = failed_purges(session, [row[0] for row in rows])
+    created = 0
+    for checkpoint_id, run_id, size in rows:
+        if open_action(session, checkpoint_id, "purge", None) is not None:
+            continue
+        failures = failed.get(checkpoint_id)
+        if failures is not None and failures[1] + replan_after(failures[0]) > now:
+            continue
+        add_action(session, purge_action(session, checkpoint_id, run_id, size, now), now)
+        created += 1
+    session.flush()
+    return created
+
+
+def delete(ctx: Context, action_id: str) -> None:
+    """To the trash: the bytes stay until the purge."""
+    with session_scope(ctx.factory) as session:
+        action = session.get(Action, action_id)
+        assert action is not None
+        checkpoint = load_checkpoint(session, action.checkpoint_id)
+        if checkpoint.pinned:
+            ledger.close(
+                session, action, ActionState.CANCELLED, ctx.clock(), "checkpoint is pinned"
+            )
+            return
+        if checkpoint.state == CheckpointState.ACTIVE:
+            add_active(session, checkpoint.run_id, checkpoints=-1, size=-checkpoint.size_bytes)
+        if checkpoint.state not in (CheckpointState.TRASHED, CheckpointState.DELETED):
+            checkpoint_event(
+                ctx,
+                session,
+                action,
+                checkpoint,
+                "trashed",
+                before={"state": checkpoint.state},
+                after={"state": "trashed"},
+            )
+            checkpoint.state = CheckpointState.TRASHED
+            checkpoint.trashed_at = ctx.clock()
+            checkpoint.updated_by = action.actor
+        ledger.close(session, action, ActionState.DONE, ctx.clock())
+        session.flush()
+        if checkpoint.state == CheckpointState.TRASHED and ctx.trash_retention <= timedelta(0):
+            size = checkpoint.size_bytes
+            now = ctx.clock()
+            purge = purge_action(session, checkpoint.id, checkpoint.run_id, size, now)
+            add_action(session, purge, now)
+    crash_point("delete.trashed")
+
+
+def purge(ctx: Context, action_id: str) -> None:
+    """Remove the bytes from every location, then mark the checkpoint deleted."""
+    with session_scope(ctx.factory) as session:
+        action = session.get(Action, action_id)
+        assert action is not None
+        checkpoint = load_checkpoint(session, action.checkpoint_id)
+        if checkpoint.state == CheckpointState.DELETED:
+            ledger.close(session, action, ActionState.DONE, ctx.clock())
+            return
+        if checkpoint.state != CheckpointState.TRASHED:
+            why = f"checkpoint is {checkpoint.state}"
+            ledger.close(session, action, ActionState.CANCELLED, ctx.clock(), why)
+            return
+        uris = [loc.uri for loc in checkpoint.locations]
+        single_file = checkpoint.single_file
+        for uri in uris:  # all of them before any byte goes: a purge is whole or nothing
+            refuse_if_overlapping(session, uri, checkpoint.id, "purge")
+    crash_point("purge.checked")
+    for uri in uris:
+        storage, key = ctx.storage(uri)
+        remove_location(storage, key, single_file)
+        crash_point("purge.location_removed")
+    with session_scope(ctx.factory) as session:
+        checkpoint = load_checkpoint(session, action.checkpoint_id)
+        metrics.bytes_purged(checkpoint.size_bytes, [loc.tier for loc in checkpoint.locations])
+        finished = session.get(Action, action_id)
+        assert finished is not None
+        checkpoint_event(
+            ctx,
+            session,
+            finished,
+            checkpoint,
+            "purged",
+            before={"state": checkpoint.state, **audit.placement(checkpoint.locations)},
+            after={"state": "deleted", "tier": None, "locations": []},
+        )
+        for loc in list(checkpoint.locations):
+            session.delete(loc)
+        checkpoint.state = CheckpointState.DELETED
+        checkpoint.updated_by = action.actor
+        ledger.close(session, finished, ActionState.DONE, ctx.clock())
+    crash_point("purge.done")
