@@ -7,13 +7,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.api import (
     audit,
@@ -32,12 +30,9 @@ from app.api.auth import authorize, document_security, route_templates
 from app.api.deps import known_query, query_parameters
 from app.api.openapi import document_inputs, document_policies, document_problems
 from app.api.schemas import CheckpointCreate
-from app.db.session import make_engine, make_session_factory, session_scope
-from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
-from app.domain.tier import Tier
+from app.bootstrap import bootstrap_token, load_policies_into
+from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
-from app.services.catalog.policies import load_policy_files, store_policy
-from app.services.catalog.tokens import count_live_admin_tokens, ensure_token
 from app.settings import Settings, get_settings
 from app.tiers_config import load_tiers
 
@@ -56,45 +51,6 @@ class Roles:
 SERVE = Roles()
 API_ONLY = Roles(worker=False, scheduler=False, evaluator=False)  # `ckpt scheduler` evaluates
 NO_BACKGROUND = Roles(worker=False, scheduler=False, evaluator=False)
-
-
-def load_policies_into(
-    factory: sessionmaker[Session], settings: Settings, tier_list: list[Tier]
-) -> None:
-    """Store the validated policy files in the database, where every replica reads them."""
-    files = load_policy_files(settings.policies_dir, [t.name for t in tier_list])
-    with session_scope(factory) as session:
-        for path, policy in files:
-            store_policy(
-                session, policy, source=str(path), actor=POLICY_FILES_ACTOR, now=datetime.now(UTC)
-            )
-
-
-def bootstrap_token(factory: sessionmaker[Session], settings: Settings) -> None:
-    """Seed the CKPT_BOOTSTRAP_TOKEN admin token if absent (several replicas may start at
-    once: one insert that ignores a conflict), and say when nobody could get in."""
-    with session_scope(factory) as session:
-        if settings.bootstrap_token is not None:
-            token, created = ensure_token(
-                session,
-                name="bootstrap",
-                secret=settings.bootstrap_token.get_secret_value(),
-                scopes=["admin"],
-                projects=[ALL_PROJECTS],
-                actor=BOOTSTRAP_ACTOR,
-                now=datetime.now(UTC),
-            )
-            if created:
-                log.info("bootstrap token created", extra={"token_id": token.id})
-            elif token.revoked_at is not None:
-                log.warning(
-                    "CKPT_BOOTSTRAP_TOKEN is a revoked token: it stays revoked",
-                    extra={"token_id": token.id},
-                )
-        if settings.auth == "on" and count_live_admin_tokens(session) == 0:
-            log.warning(
-                "no admin token exists: set CKPT_BOOTSTRAP_TOKEN or run `ckpt token create`"
-            )
 
 
 def create_app(

@@ -4,13 +4,11 @@ will cost under a policy (with a chart), and how big and how often to checkpoint
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.cost_schemas import (
     ForecastRead,
@@ -22,15 +20,12 @@ from app.api.cost_schemas import (
     report_read,
 )
 from app.cli.chart import render_forecast
+from app.cli.common import checked_settings, fail, open_catalog, refused
 from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
 from app.cost.forecast import forecast as run_forecast
 from app.cost.planner import size
-from app.db import migrate as migrations
-from app.db.session import make_engine, make_session_factory, session_scope
+from app.db.session import session_scope
 from app.domain.errors import AppError
-from app.domain.tier import Tier
-from app.logging import configure_logging
-from app.main import load_policies_into
 from app.services.catalog.policies import parse_yaml
 from app.services.cost.inputs import resolve_policy, tier_prices
 from app.services.cost.report import GROUPS, cost_report
@@ -41,32 +36,13 @@ DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
 TB = 10**12
 
 
-@dataclass(frozen=True)
-class Catalog:
-    settings: Settings
-    factory: sessionmaker[Session]
-    tiers: list[Tier]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"ckpt: {message}", err=True)
-    return typer.Exit(2)
-
-
-def _validation(error: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}"
-        for item in error.errors()
-    )
-
-
 def _pairs(values: list[str], option: str) -> dict[str, str]:
     """`NAME=VALUE` options as a dict, in the order given."""
     out: dict[str, str] = {}
     for value in values:
         name, sep, rest = value.partition("=")
         if not sep or not name or not rest:
-            raise _fail(f"{option}: expected NAME=VALUE, got {value!r}")
+            raise fail(f"{option}: expected NAME=VALUE, got {value!r}")
         out[name.strip()] = rest.strip()
     return out
 
@@ -173,17 +149,8 @@ def render_sizing(result: PlannerRead) -> None:
         typer.echo(f"{output}: also needs {', '.join(needs)}")
 
 
-def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
     """Add the cost commands to `cli`; `load` validates settings or exits."""
-
-    def open_catalog() -> Catalog:
-        settings = load()
-        configure_logging("WARNING")
-        migrations.upgrade(settings.database_url)
-        tiers = load_tiers(settings)
-        factory = make_session_factory(make_engine(settings.database_url))
-        load_policies_into(factory, settings, tiers)
-        return Catalog(settings, factory, tiers)
 
     @cli.command()
     def report(
@@ -195,8 +162,8 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
     ) -> None:
         """What the catalog stores and costs a month, trashed checkpoints included."""
         if group_by not in GROUPS:
-            raise _fail(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
-        catalog = open_catalog()
+            raise fail(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
+        catalog = open_catalog(load())
         with progress("costing the catalog"), session_scope(catalog.factory) as session:
             body = report_read(
                 cost_report(session, tiers=catalog.tiers, group_by=group_by, project=project)
@@ -246,13 +213,13 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         everything; prints a table and writes a chart."""
         policy_file = Path(policy)
         needs_catalog = not policy_file.is_file()
-        catalog = open_catalog() if needs_catalog else None
+        catalog = open_catalog(load()) if needs_catalog else None
         tiers = catalog.tiers if catalog else load_tiers(load())
         document: str | dict[str, Any] = policy
         if not needs_catalog:
             parsed = parse_yaml(policy_file.read_text(), field=str(policy_file))
             if not isinstance(parsed, dict):
-                raise _fail(f"{policy_file}: a policy must be a mapping with name and rules")
+                raise fail(f"{policy_file}: a policy must be a mapping with name and rules")
             document = parsed
         body: dict[str, Any] = {
             "checkpoint_bytes": checkpoint_bytes,
@@ -280,11 +247,9 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             with progress(f"forecasting {spec.horizon} days"):
                 result = run_forecast(spec, chosen, tiers, prices)
         except ValidationError as error:
-            raise _fail(_validation(error)) from None
+            raise refused(error) from None
         except AppError as error:
-            raise _fail(
-                f"{error.field}: {error.message}" if error.field else error.message
-            ) from None
+            raise refused(error) from None
         read = forecast_read(result, prices)
         if as_json:
             emit_json(read.model_dump(mode="json"))
@@ -349,11 +314,9 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             )
             result = planner_read(size(request.to_inputs()))
         except ValidationError as error:
-            raise _fail(_validation(error)) from None
+            raise refused(error) from None
         except AppError as error:
-            raise _fail(
-                f"{error.field}: {error.message}" if error.field else error.message
-            ) from None
+            raise refused(error) from None
         if as_json:
             emit_json(result.model_dump(exclude_none=True))
             return

@@ -3,31 +3,26 @@ commands for operators with database access, printing readable tables."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from prometheus_client import start_http_server
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli.output import Column, emit_json, human_bytes, print_table, progress
-from app.db import migrate as migrations
-from app.db.session import make_engine, make_session_factory, session_scope
-from app.domain.access import operator_actor
+from app.cli.common import Catalog, checked_settings, open_catalog, operator, refused
+from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd_text
+from app.db.session import session_scope
 from app.domain.errors import AppError
-from app.domain.tier import Tier
 from app.logging import configure_logging
-from app.main import load_policies_into
 from app.policy.schema import policy_json_schema
 from app.scheduler.runtime import Runtime
-from app.services.catalog.policies import PolicyFileError, parse_yaml, validate_policy
+from app.services.catalog.policies import parse_yaml, validate_policy
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 from app.services.lifecycle.sweep import run_sweep
 from app.settings import Settings
@@ -115,31 +110,6 @@ def render_plan(plan: CatalogPlan, *, show_kept: bool) -> None:
         typer.echo(f"one-off charges: {usd_text(totals['one_off_usd'])}")
 
 
-def usd_text(amount: float, *, signed: bool = False) -> str:
-    """`$1,234.57`, or `-$1,234.57` / `+$0.05` when `signed`; an amount under a cent keeps
-    two significant digits (`$2.3e-05`) rather than print as $0.00."""
-    if amount == 0:
-        return "$0.00"
-    sign = ("-" if amount < 0 else "+") if signed else ""
-    size = abs(amount)
-    return f"{sign}${size:,.2f}" if size >= 0.01 else f"{sign}${size:.2g}"
-
-
-def operator() -> str:
-    """The actor of a command run by someone with database access: their login name."""
-    try:
-        return operator_actor(getpass.getuser())
-    except (OSError, KeyError):  # no login name in this environment
-        return operator_actor("unknown")
-
-
-@dataclass(frozen=True)
-class Context:
-    settings: Settings
-    factory: sessionmaker[Session]
-    tiers: list[Tier]
-
-
 def _serve_metrics(settings: Settings) -> None:
     """A worker's or scheduler's own counters (bytes moved and purged, actions finished, lag,
     retries, sweep durations) on CKPT_METRICS_PORT, for Prometheus to scrape each replica.
@@ -148,7 +118,7 @@ def _serve_metrics(settings: Settings) -> None:
         start_http_server(settings.metrics_port, addr=settings.host)
 
 
-def _runtime(ctx: Context, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
+def _runtime(ctx: Catalog, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
     configure_logging()
     return Runtime(
         ctx.factory,
@@ -162,21 +132,8 @@ def _runtime(ctx: Context, *, worker: bool, scheduler: bool, evaluator: bool) ->
     )
 
 
-def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
     """Add the lifecycle commands to `cli`; `load` validates settings or exits."""
-
-    def prepare() -> Context:
-        settings = load()
-        configure_logging("WARNING")
-        migrations.upgrade(settings.database_url)
-        tiers = load_tiers(settings)
-        factory = make_session_factory(make_engine(settings.database_url))
-        try:
-            load_policies_into(factory, settings, tiers)
-        except PolicyFileError as error:
-            typer.echo(f"ckpt: {error}", err=True)
-            raise typer.Exit(2) from None
-        return Context(settings, factory, tiers)
 
     @cli.command()
     def plan(
@@ -187,7 +144,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
     ) -> None:
         """Dry run: what the policies would do now, and why."""
-        ctx = prepare()
+        ctx = open_catalog(load())
         factory, tiers = ctx.factory, ctx.tiers
         try:
             what_if = (
@@ -207,8 +164,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                     policy=what_if,
                 )
         except AppError as error:
-            typer.echo(f"ckpt: {error.field}: {error.message}", err=True)
-            raise typer.Exit(2) from None
+            raise refused(error) from None
         if as_json:
             emit_json(plan_document(result))
             return
@@ -222,7 +178,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
     ) -> None:
         """Evaluate now and write the planned actions to the ledger."""
-        ctx = prepare()
+        ctx = open_catalog(load())
         factory, tiers = ctx.factory, ctx.tiers
         now = datetime.now(UTC)
         if dry_run:
@@ -261,7 +217,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         once: Annotated[bool, typer.Option(help="execute what is due, then exit")] = False,
     ) -> None:
         """Execute ledger actions (run as many as you like)."""
-        ctx = prepare()
+        ctx = open_catalog(load())
         runtime = _runtime(ctx, worker=True, scheduler=False, evaluator=False)
         if once:
             executed = 0
@@ -278,7 +234,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
     def scheduler() -> None:
         """Periodic sweep and purge, and the evaluations registrations ask for (several
         replicas are safe: evaluations take a lock)."""
-        ctx = prepare()
+        ctx = open_catalog(load())
         runtime = _runtime(ctx, worker=False, scheduler=True, evaluator=True)
         _serve_metrics(ctx.settings)
         _run_until_signal(runtime)

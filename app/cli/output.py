@@ -202,3 +202,13 @@ def progress(description: str, *, total: int | None = None) -> Iterator[Tick]:
     task = bar.add_task(description, total=total)  # before the start, so the first frame has it
     with bar:
         yield Tick(bar, task)
+
+
+def usd_text(amount: float, *, signed: bool = False) -> str:
+    """`$1,234.57`, or `-$1,234.57` / `+$0.05` when `signed`; an amount under a cent keeps
+    two significant digits (`$2.3e-05`) rather than print as $0.00."""
+    if amount == 0:
+        return "$0.00"
+    sign = ("-" if amount < 0 else "+") if signed else ""
+    size = abs(amount)
+    return f"{sign}${size:,.2f}" if size >= 0.01 else f"{sign}${size:.2g}"

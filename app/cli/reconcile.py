@@ -6,22 +6,15 @@ they print are what `delete-orphans` takes back, so tables never shorten them.""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli.lifecycle import operator
+from app.cli.common import checked_settings, open_catalog, operator
 from app.cli.output import Column, emit_json, human_bytes, moment, print_table, progress
-from app.db import migrate as migrations
-from app.db.session import make_engine, make_session_factory
-from app.domain.tier import Tier
-from app.logging import configure_logging
 from app.services.lifecycle import reconcile as service
 from app.settings import Settings
-from app.tiers_config import load_tiers
 
 reconcile_cli = typer.Typer(
     help="Compare every tier with the catalog; delete orphans when asked.",
@@ -40,12 +33,6 @@ DRIFT_COLUMNS = (
     Column("problem", role="text"),
 )
 REFUSED_COLUMNS = (Column("tier"), Column("key", role="id"), Column("why", role="text"))
-
-
-@dataclass(frozen=True)
-class Tiers:
-    factory: sessionmaker[Session]
-    tiers: list[Tier]
 
 
 def _orphan(orphan: service.Orphan) -> dict[str, Any]:
@@ -112,15 +99,8 @@ def _names(values: list[str]) -> list[tuple[str, str]]:
     return names
 
 
-def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
     """Add `ckpt reconcile ...` to `cli`; `load` validates settings or exits."""
-
-    def open_tiers() -> Tiers:
-        settings = load()
-        configure_logging("WARNING")
-        migrations.upgrade(settings.database_url)
-        factory = make_session_factory(make_engine(settings.database_url, pool_size=1))
-        return Tiers(factory, load_tiers(settings))
 
     @reconcile_cli.callback()
     def scan(
@@ -134,7 +114,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
         catalogued files missing or changed (drift). Deletes nothing."""
         if context.invoked_subcommand is not None:
             return
-        opened = open_tiers()
+        opened = open_catalog(load(), policies=False, pool_size=1)
         with progress(f"reconciling {len(opened.tiers)} tiers with the catalog"):
             report = service.reconcile(opened.factory, opened.tiers, deep=deep, actor=operator())
         body = scan_document(report)
@@ -159,7 +139,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
             typer.echo("ckpt: orphans: name the orphans, or give --all (not both)", err=True)
             raise typer.Exit(2)
         wanted = None if every else _names(orphans or [])
-        opened = open_tiers()
+        opened = open_catalog(load(), policies=False, pool_size=1)
         with progress("scanning the tiers, then deleting orphans"):
             deleted, refused = service.delete_orphans(
                 opened.factory, opened.tiers, wanted, now=datetime.now(UTC)

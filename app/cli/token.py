@@ -11,13 +11,11 @@ from typing import Annotated, Any
 import typer
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.cli.lifecycle import operator
+from app.cli.common import checked_settings, open_database, operator, refused
 from app.cli.output import Column, emit_json, moment, print_table, progress, stderr
-from app.db import migrate as migrations
 from app.db.models import Token
-from app.db.session import make_engine, make_session_factory, session_scope
+from app.db.session import session_scope
 from app.domain.errors import AppError
-from app.logging import configure_logging
 from app.services.catalog import tokens
 from app.settings import Settings
 
@@ -58,19 +56,11 @@ def _minute(iso: str | None) -> str:
     return moment(datetime.fromisoformat(iso)) if iso else ""
 
 
-def _fail(error: AppError, code: int = 2) -> typer.Exit:
-    typer.echo(f"ckpt: {error.field}: {error.message}" if error.field else error.message, err=True)
-    return typer.Exit(code)
-
-
-def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
+def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
     """Add `ckpt token ...` to `cli`; `load` validates settings or exits."""
 
     def factory() -> sessionmaker[Session]:
-        settings = load()
-        configure_logging("WARNING")
-        migrations.upgrade(settings.database_url)
-        return make_session_factory(make_engine(settings.database_url, pool_size=1))
+        return open_database(load(), pool_size=1)
 
     @token_cli.command("create")
     def create(
@@ -96,7 +86,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                     now=datetime.now(UTC),
                 )
             except AppError as error:
-                raise _fail(error) from None
+                raise refused(error) from None
             row = _row(token)
         if as_json:
             emit_json({**row, "token": secret})
@@ -154,7 +144,7 @@ def register(cli: typer.Typer, load: Callable[[], Settings]) -> None:
                     session, token_id=token_id, actor=operator(), now=datetime.now(UTC)
                 )
             except AppError as error:
-                raise _fail(error, 1) from None
+                raise refused(error, 1) from None
         typer.echo(f"token {token_id} revoked")
 
     cli.add_typer(token_cli, name="token")

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, func, select, update
 
 from app.db.models import AuditEvent, Checkpoint
 from app.db.session import session_scope
-from app.main import load_policies_into
+from app.bootstrap import load_policies_into
 from app.services.catalog.checkpoints import set_pin
 from app.settings import Settings
 from tests.builders import (

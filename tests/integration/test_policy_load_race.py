@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.main import load_policies_into
+from app.bootstrap import load_policies_into
 from app.services.catalog.policies import list_policy_rows
 from app.settings import Settings
 

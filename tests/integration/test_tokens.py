@@ -15,7 +15,8 @@ from sqlalchemy import Engine, select, text
 
 from app.db.models import Token
 from app.db.session import session_scope
-from app.main import NO_BACKGROUND, bootstrap_token, create_app
+from app.bootstrap import bootstrap_token
+from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 from tests.builders import assert_problem, bearer, remember_secret, token_client
 

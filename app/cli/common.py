@@ -1,0 +1,94 @@
+"""What every command shares: settings checked up front, the database brought to the
+latest schema, the tiers and policy files loaded, the operator's name, and one way to
+say what went wrong. A command is a job: it owns its transactions (session_scope)."""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass
+
+import typer
+from pydantic import ValidationError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.bootstrap import load_policies_into
+from app.db import migrate as migrations
+from app.db.session import make_engine, make_session_factory
+from app.domain.access import operator_actor
+from app.domain.errors import AppError
+from app.domain.tier import Tier
+from app.logging import configure_logging
+from app.services.catalog.policies import PolicyFileError, load_policy_files
+from app.settings import Settings, SettingsError, load_settings
+from app.tiers_config import TiersFileError, load_tiers
+
+
+@dataclass(frozen=True)
+class Catalog:
+    settings: Settings
+    factory: sessionmaker[Session]
+    tiers: list[Tier]
+
+
+def checked_settings() -> Settings:
+    """Settings, tiers and policy files checked up front: a bad value stops start-up with
+    a message naming the variable, or the file, rule and field."""
+    try:
+        settings = load_settings()
+        tiers = load_tiers(settings)
+        load_policy_files(settings.policies_dir, [t.name for t in tiers])
+    except (SettingsError, TiersFileError, PolicyFileError) as error:
+        typer.echo(f"ckpt: configuration error: {error}", err=True)
+        raise typer.Exit(2) from None
+    return settings
+
+
+def open_database(settings: Settings, *, pool_size: int | None = None) -> sessionmaker[Session]:
+    """The database at the latest schema, quiet logs (a command's output is its answer)."""
+    configure_logging("WARNING")
+    migrations.upgrade(settings.database_url)
+    if pool_size is None:
+        return make_session_factory(make_engine(settings.database_url))
+    return make_session_factory(make_engine(settings.database_url, pool_size=pool_size))
+
+
+def open_catalog(
+    settings: Settings, *, policies: bool = True, pool_size: int | None = None
+) -> Catalog:
+    """Settings, database and tiers; with `policies`, the policy files stored first (as
+    every replica reads them), a bad file stopping the command with its reason."""
+    factory = open_database(settings, pool_size=pool_size)
+    tiers = load_tiers(settings)
+    if policies:
+        try:
+            load_policies_into(factory, settings, tiers)
+        except PolicyFileError as error:
+            raise fail(str(error)) from None
+    return Catalog(settings, factory, tiers)
+
+
+def operator() -> str:
+    """The actor of a command run by someone with database access: their login name."""
+    try:
+        return operator_actor(getpass.getuser())
+    except (OSError, KeyError):  # no login name in this environment
+        return operator_actor("unknown")
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """`ckpt: <message>` on stderr; raise what it returns."""
+    typer.echo(f"ckpt: {message}", err=True)
+    return typer.Exit(code)
+
+
+def refused(error: AppError | ValidationError, code: int = 2) -> typer.Exit:
+    """The service's refusal, or a request model's, said as the API would name the field."""
+    if isinstance(error, ValidationError):
+        return fail(
+            "; ".join(
+                f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}"
+                for item in error.errors()
+            ),
+            code,
+        )
+    return fail(f"{error.field}: {error.message}" if error.field else error.message, code)
