@@ -10,13 +10,11 @@ from app.api.cost_schemas import (
     CostReportRead,
     ForecastRead,
     ForecastRequest,
-    PlannerRead,
-    PlannerRequest,
     forecast_read,
-    planner_read,
     report_read,
 )
 from app.api.deps import PrincipalDep, SessionDep, TiersDep
+from app.api.planner_schemas import PlannerRead, PlannerRequest, planner_read
 from app.api.schemas import NAME_PATTERN
 from app.cost.forecast import forecast
 from app.cost.planner import size

@@ -1,16 +1,18 @@
-"""Annotated dependency aliases: the request owns the transaction, services only flush."""
+"""Annotated dependency aliases. Transactions have two owners: the request (SessionDep:
+routes and services flush, this dependency commits or rolls back) and the job (sweep,
+reconcile, worker: they take a session factory and commit in phases). Nothing else."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import anyio
 from fastapi import BackgroundTasks, Depends, Query, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute, iter_route_contexts
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.routing import BaseRoute
 
 from app.api.auth import authorize
@@ -83,13 +85,33 @@ async def _settings(request: Request) -> Settings:
     return settings
 
 
+async def _session_factory(request: Request) -> sessionmaker[Session]:
+    """For routes that start a job (a sweep, a reconciliation): the job owns its
+    transactions, as it does when the scheduler runs it."""
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    return factory
+
+
+class Background(Protocol):
+    """What a route may ask of the process's background roles."""
+
+    def request_evaluation(self, run_id: str) -> None: ...
+
+    def wake_workers(self) -> None: ...
+
+
+async def _runtime(request: Request) -> Background:
+    runtime: Background = request.app.state.runtime
+    return runtime
+
+
 async def _now() -> datetime:
     return datetime.now(UTC)
 
 
 async def _evaluate_later(request: Request, tasks: BackgroundTasks) -> Callable[[str], None]:
     """Queue a run's policy evaluation for after the response (so after the commit)."""
-    runtime = request.app.state.runtime
+    runtime: Background = request.app.state.runtime
 
     async def queue(run_id: str) -> None:  # on the event loop: no thread for a set insert
         runtime.request_evaluation(run_id)
@@ -106,6 +128,10 @@ SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TiersDep = Annotated[list[Tier], Depends(_tiers)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 NowDep = Annotated[datetime, Depends(_now)]
+# A job's own session factory: only routes that run a job take it (the request's session
+# above is every other route's one transaction).
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(_session_factory)]
+RuntimeDep = Annotated[Background, Depends(_runtime)]
 # The caller, checked already by the app-wide `authorize` (FastAPI runs it once a request).
 PrincipalDep = Annotated[Principal, Depends(authorize)]
 EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import authorize
 from app.api.schemas import NO_NUL
-from app.domain.errors import AppError, UnsupportedMedia
+from app.domain.errors import AppError, Forbidden, Unauthorized, UnsupportedMedia
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("app.api")
@@ -38,13 +38,26 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+def challenge(error: AppError) -> dict[str, str]:
+    """RFC 6750's WWW-Authenticate for a refused token: which realm, and what was wrong."""
+    if isinstance(error, Unauthorized):
+        value = 'Bearer realm="ckpt"'
+        return {
+            "WWW-Authenticate": value + (', error="invalid_token"' if error.invalid_token else "")
+        }
+    if isinstance(error, Forbidden) and error.scope is not None:
+        value = f'Bearer realm="ckpt", error="insufficient_scope", scope="{error.scope}"'
+        return {"WWW-Authenticate": value}
+    return {}
+
+
 async def _app_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, AppError)
     extra = {"field": error.field} if error.field else {}
     extra.update(error.extra)
     named = error.field and not error.message.startswith(error.field)
     detail = f"{error.field}: {error.message}" if named else error.message
-    return problem(error.status, error.title, detail, error.headers or None, **extra)
+    return problem(error.status, error.title, detail, challenge(error) or None, **extra)
 
 
 def sent_json(request: Request) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -13,7 +13,9 @@ from app.api.deps import (
     Limit,
     NowDep,
     PrincipalDep,
+    RuntimeDep,
     SessionDep,
+    SessionFactoryDep,
     SettingsDep,
     TiersDep,
 )
@@ -153,7 +155,8 @@ def plan(
 
 @router.post("/v1/sweeps", status_code=status.HTTP_202_ACCEPTED)
 def sweep(
-    request: Request,
+    factory: SessionFactoryDep,
+    runtime: RuntimeDep,
     session: SessionDep,
     tiers: TiersDep,
     principal: PrincipalDep,
@@ -165,7 +168,7 @@ def sweep(
     project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
     session.rollback()  # the sweep runs in transactions of its own
     sweep_id, ids = run_sweep(
-        request.app.state.session_factory,
+        factory,
         tiers=tiers,
         now=now,
         trigger="manual",
@@ -173,7 +176,7 @@ def sweep(
         project=project,
         run_id=run_id,
     )
-    request.app.state.runtime.wake_workers()
+    runtime.wake_workers()
     return SweepRead(id=sweep_id, actions=ids)
 
 

@@ -18,18 +18,20 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Action, Checkpoint
+from app.api.deps import SessionFactoryDep, TiersDep
 from app.db.session import session_scope
+from app.domain.states import ActionKind, ActionState
 from app.domain.tier import Tier
+from app.services.catalog.checkpoints import count_drifting
 from app.services.catalog.tier_usage import tier_usage
+from app.services.lifecycle import ledger
 
 router = APIRouter(tags=["metrics"])
 
-ACTION_KINDS = ("delete", "purge", "move", "copy", "restore")
-ACTION_STATES = ("held", "pending", "running", "done", "failed", "cancelled")
+ACTION_KINDS = tuple(ActionKind)
+ACTION_STATES = tuple(ActionState)
 
 
 class CatalogCollector:
@@ -41,18 +43,9 @@ class CatalogCollector:
 
     def collect(self) -> Iterator[Metric]:
         with session_scope(self.factory) as session:
-            counts = {
-                (kind, state): int(count)
-                for kind, state, count in session.execute(
-                    select(Action.kind, Action.state, func.count()).group_by(
-                        Action.kind, Action.state
-                    )
-                )
-            }
+            counts = ledger.count_by_kind_and_state(session)
             usage = tier_usage(session)
-            drifting = session.scalar(
-                select(func.count()).select_from(Checkpoint).where(Checkpoint.health == "drift")
-            )
+            drifting = count_drifting(session)
         actions = GaugeMetricFamily(
             "ckpt_actions",
             "Actions in the ledger by kind and state, now.",
@@ -83,7 +76,7 @@ class CatalogCollector:
         yield GaugeMetricFamily(
             "ckpt_checkpoints_drifting",
             "Checkpoints whose files the last reconciliation found missing or changed.",
-            value=int(drifting or 0),
+            value=drifting,
         )
 
 
@@ -103,9 +96,9 @@ class _Scrape:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_PLAIN_0_0_4: {"schema": {"type": "string"}}}}},
 )
-def metrics(request: Request) -> Response:
+def metrics(request: Request, factory: SessionFactoryDep, tiers: TiersDep) -> Response:
     """Prometheus metrics: this process's counters, the ledger and the tiers' usage. The
     Prometheus text format, or OpenMetrics when the scraper's Accept header asks for it."""
-    catalog = CatalogCollector(request.app.state.session_factory, request.app.state.tiers)
+    catalog = CatalogCollector(factory, tiers)
     encode, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(content=encode(_Scrape(REGISTRY, catalog)), media_type=content_type)

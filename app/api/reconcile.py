@@ -6,12 +6,12 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import NowDep, PrincipalDep, TiersDep
+from app.api.deps import NowDep, PrincipalDep, SessionFactoryDep, TiersDep
 from app.domain.errors import Invalid
 from app.services.lifecycle import reconcile as service
 
@@ -97,7 +97,7 @@ class OrphanDeleteRead(BaseModel):
 
 @router.get("/v1/reconcile")
 async def reconcile(
-    request: Request,
+    factory: SessionFactoryDep,
     tiers: TiersDep,
     principal: PrincipalDep,
     deep: Annotated[
@@ -108,7 +108,6 @@ async def reconcile(
     """Compare every tier with the catalog now: objects no checkpoint owns (orphans) and
     catalogued files missing or changed (drift; the checkpoint's `health` becomes `drift`).
     Deletes nothing."""
-    factory = request.app.state.session_factory
     report = await run_in_threadpool(
         service.reconcile, factory, tiers, deep=deep, actor=principal.actor
     )
@@ -122,7 +121,7 @@ async def reconcile(
 
 @router.post("/v1/reconcile/orphans/delete")
 async def delete_orphans(
-    body: OrphanDeleteRequest, request: Request, tiers: TiersDep, now: NowDep
+    body: OrphanDeleteRequest, factory: SessionFactoryDep, tiers: TiersDep, now: NowDep
 ) -> OrphanDeleteRead:
     """Delete orphans, only when an admin asks: those named (or, with `all`, every one) that
     a fresh scan still finds orphaned and that were written over an hour ago."""
@@ -135,7 +134,6 @@ async def delete_orphans(
         if orphan.tier not in names:
             raise Invalid(f"unknown tier {orphan.tier!r}", field=f"orphans[{i}].tier")
     wanted = None if body.all else [(o.tier, o.key) for o in body.orphans or []]
-    factory = request.app.state.session_factory
     deleted, refused = await run_in_threadpool(
         service.delete_orphans, factory, tiers, wanted, now=now
     )

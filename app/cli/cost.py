@@ -10,15 +10,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from app.api.cost_schemas import (
-    ForecastRead,
-    ForecastRequest,
-    PlannerRead,
-    PlannerRequest,
-    forecast_read,
-    planner_read,
-    report_read,
-)
+from app.api.cost_schemas import ForecastRead, ForecastRequest, forecast_read, report_read
+from app.api.planner_schemas import PlannerRead, PlannerRequest, planner_read
 from app.cli.chart import render_forecast
 from app.cli.common import checked_settings, fail, open_catalog, refused
 from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd

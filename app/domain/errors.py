@@ -1,4 +1,5 @@
-"""Domain errors: one base class, each subclass carrying its HTTP status."""
+"""Domain errors: one base class, each subclass carrying the HTTP status it maps to. How
+an error is said over HTTP (problem documents, authentication challenges) is the API's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ class AppError(Exception):
         self.message = message
         self.field = field
         self.extra = extra  # more members of the problem body (`checkpoint_id`, ...)
-        self.headers: dict[str, str] = {}
 
 
 class NotFound(AppError):
@@ -54,10 +54,7 @@ class Unauthorized(AppError):
 
     def __init__(self, message: str, *, invalid_token: bool = False) -> None:
         super().__init__(message)
-        challenge = 'Bearer realm="ckpt"'
-        if invalid_token:
-            challenge += ', error="invalid_token"'
-        self.headers = {"WWW-Authenticate": challenge}
+        self.invalid_token = invalid_token  # a token was sent, and it is no good
 
 
 class Forbidden(AppError):
@@ -68,8 +65,4 @@ class Forbidden(AppError):
 
     def __init__(self, message: str, *, scope: str | None = None) -> None:
         super().__init__(message)
-        if scope is not None:
-            self.headers = {
-                "WWW-Authenticate": f'Bearer realm="ckpt", error="insufficient_scope", '
-                f'scope="{scope}"'
-            }
+        self.scope = scope  # the scope the request needs, when one would do

@@ -9,7 +9,7 @@ from typing import get_args
 
 import pytest
 
-from app.api.cost_schemas import Recipe
+from app.api.cost_fields import Recipe
 from app.cost.planner import (
     BYTES_PER_PARAMETER,
     SizingInputs,

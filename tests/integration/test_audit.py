@@ -15,9 +15,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, update
 
+from app.bootstrap import load_policies_into
 from app.db.models import AuditEvent, Checkpoint
 from app.db.session import session_scope
-from app.bootstrap import load_policies_into
 from app.services.catalog.checkpoints import set_pin
 from app.settings import Settings
 from tests.builders import (

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import Engine, select, text
 
+from app.bootstrap import bootstrap_token
 from app.db.models import Token
 from app.db.session import session_scope
-from app.bootstrap import bootstrap_token
 from app.main import NO_BACKGROUND, create_app
 from app.settings import Settings
 from tests.builders import assert_problem, bearer, remember_secret, token_client

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
@@ -358,3 +358,11 @@ def set_pin(
         )
     session.flush()
     return checkpoint
+
+
+def count_drifting(session: Session) -> int:
+    """Checkpoints whose files the last reconciliation found missing or changed."""
+    count = session.scalar(
+        select(func.count()).select_from(Checkpoint).where(Checkpoint.health == "drift")
+    )
+    return int(count or 0)

@@ -258,3 +258,11 @@ def purge_action(
         actor=actor,  # None only after a delete recorded before actors were
         now=now,
     )
+
+
+def count_by_kind_and_state(session: Session) -> dict[tuple[str, str], int]:
+    """(kind, state) -> how many actions the ledger holds, over all of it (one grouped query)."""
+    rows = session.execute(
+        select(Action.kind, Action.state, func.count()).group_by(Action.kind, Action.state)
+    )
+    return {(kind, state): int(count) for kind, state, count in rows}
