@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check app tests bench
 	$(BIN)/ruff format --check app tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format app tests bench

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.session import session_scope
 from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
 from app.domain.tier import Tier
-from app.services.catalog.policies import load_policy_files, store_policy
+from app.policy.loading import load_policy_files
+from app.services.catalog.policies import store_policy
 from app.services.catalog.tokens import count_live_admin_tokens, ensure_token
 from app.settings import Settings
 

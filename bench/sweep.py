@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 from app.db.migrate import upgrade  # noqa: E402
 from app.db.session import make_engine, make_session_factory  # noqa: E402
 from app.domain.tier import Tier  # noqa: E402
-from app.services.catalog.policies import store_policy, validate_policy  # noqa: E402
+from app.policy.loading import validate_policy  # noqa: E402
+from app.services.catalog.policies import store_policy  # noqa: E402
 from app.services.lifecycle.ledger import run_sweep  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
 

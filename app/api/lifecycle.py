@@ -35,7 +35,6 @@ from app.api.lifecycle_schemas import (
 )
 from app.api.schemas import CheckpointRead, Page
 from app.db.models import Action, Checkpoint
-from app.domain.errors import Invalid, NotFound
 from app.domain.tier import Tier
 from app.policy.schema import Policy
 from app.services.catalog import policies, runs
@@ -93,17 +92,7 @@ def _what_if(
 ) -> Policy | None:
     if policy is None:
         return None
-    names = [t.name for t in tiers]
-    if isinstance(policy, str):
-        try:
-            row = policies.get_policy_row(session, policy)
-        except NotFound:
-            raise NotFound(f"no policy is named {policy!r}", field="policy") from None
-        return policies.validate_policy(row.document, names)
-    try:
-        return policies.validate_policy(policy, names)
-    except Invalid as error:
-        raise Invalid(error.message, field=f"policy.{error.field}") from None
+    return policies.resolve_policy(session, [t.name for t in tiers], policy)
 
 
 @router.post("/v1/plan")

@@ -13,6 +13,7 @@ from app.api.schemas import NAME_PATTERN, Page
 from app.db.models import PolicyRow
 from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.errors import Invalid
+from app.policy import loading
 from app.services.catalog import policies
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
@@ -68,7 +69,7 @@ RawBody = Annotated[tuple[str, bytes], Depends(_raw_body)]
 def _document(name: str, body: tuple[str, bytes]) -> object:
     media, raw = body
     if media in YAML_TYPES:
-        document = policies.parse_yaml(raw)
+        document = loading.parse_yaml(raw)
     else:
         try:
             document = json.loads(raw)
@@ -93,7 +94,7 @@ def put_policy(
     now: NowDep,
 ) -> PolicyRead:
     """Validated before anything is stored; a name in the body must match the path."""
-    policy = policies.validate_policy(_document(name, body), [t.name for t in tiers])
+    policy = loading.validate_policy(_document(name, body), [t.name for t in tiers])
     return _read(
         policies.store_policy(session, policy, source="api", actor=principal.actor, now=now)
     )

@@ -3,11 +3,21 @@ of keeping everything, and both monthly costs on a second axis. PNG, no display 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from app.cost.forecast import Forecast
 
 TB = 10**12
+MISSING = (
+    "the chart needs matplotlib, which the service does not install: "
+    "pip install 'ckpt-lifecycle[chart]', or pass --no-chart"
+)
+
+
+def can_draw() -> bool:
+    """Whether matplotlib is installed (the `chart` extra): the server never needs it."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def render_forecast(forecast: Forecast, path: Path) -> Path:

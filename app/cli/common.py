@@ -18,7 +18,7 @@ from app.domain.access import operator_actor
 from app.domain.errors import AppError
 from app.domain.tier import Tier
 from app.logging import configure_logging
-from app.services.catalog.policies import PolicyFileError, load_policy_files
+from app.policy.loading import PolicyFileError, load_policy_files
 from app.settings import Settings, SettingsError, load_settings
 from app.tiers_config import TiersFileError, load_tiers
 

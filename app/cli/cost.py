@@ -12,14 +12,14 @@ from pydantic import ValidationError
 
 from app.api.cost_schemas import ForecastRead, ForecastRequest, forecast_read, report_read
 from app.api.planner_schemas import PlannerRead, PlannerRequest, planner_read
-from app.cli.chart import render_forecast
+from app.cli.chart import MISSING, can_draw, render_forecast
 from app.cli.common import checked_settings, fail, open_catalog, refused
 from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
 from app.cost.forecast import forecast as run_forecast
 from app.cost.planner import size
 from app.db.session import session_scope
 from app.domain.errors import AppError
-from app.services.catalog.policies import parse_yaml
+from app.policy.loading import parse_yaml
 from app.services.cost.inputs import resolve_policy, tier_prices
 from app.services.cost.report import GROUPS, cost_report
 from app.settings import Settings
@@ -239,10 +239,10 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
             prices = tier_prices(tiers, request.price_overrides())
             with progress(f"forecasting {spec.horizon} days"):
                 result = run_forecast(spec, chosen, tiers, prices)
-        except ValidationError as error:
+        except (ValidationError, AppError) as error:
             raise refused(error) from None
-        except AppError as error:
-            raise refused(error) from None
+        if not no_chart and not can_draw():  # before the table: no half an answer
+            raise fail(MISSING)
         read = forecast_read(result, prices)
         if as_json:
             emit_json(read.model_dump(mode="json"))

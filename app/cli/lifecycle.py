@@ -20,9 +20,9 @@ from app.cli.output import Column, emit_json, human_bytes, print_table, progress
 from app.db.session import session_scope
 from app.domain.errors import AppError
 from app.logging import configure_logging
+from app.policy.loading import parse_yaml, validate_policy
 from app.policy.schema import policy_json_schema
 from app.scheduler.runtime import Runtime
-from app.services.catalog.policies import parse_yaml, validate_policy
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 from app.services.lifecycle.sweep import run_sweep
 from app.settings import Settings

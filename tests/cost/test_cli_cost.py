@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,22 @@ def test_report(ckpt: typer.Typer) -> None:
     }
     assert set(body["prices"]) == {"hot", "warm", "cold", "archive"}
     assert run(ckpt, "report", "--group-by", "colour").exit_code == 2
+
+
+def test_without_matplotlib_the_forecast_says_which_extra_to_install(
+    ckpt: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server image has no matplotlib (the `chart` extra): the forecast says so before
+    it prints anything, and still answers with --no-chart."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    chart = tmp_path / "forecast.png"
+    args = ["forecast", "--checkpoint-bytes", "1e12", "--run-days", "45", "--price", "*=0.023"]
+
+    refused = run(ckpt, *args, "--chart", str(chart))
+    answered = run(ckpt, *args, "--no-chart")
+
+    assert refused.exit_code == 2
+    assert "pip install 'ckpt-lifecycle[chart]'" in refused.output
+    assert "at run end" not in refused.output and not chart.exists()
+    assert answered.exit_code == 0, answered.output
+    assert "at run end: 49.0 TB, $1,127.00/month" in answered.output

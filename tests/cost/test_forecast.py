@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.cost import forecast as forecast_module
+from app.cost import replay as replay_module
 from app.cost.forecast import (
     DAY,
     START,
@@ -260,7 +260,7 @@ def test_too_many_writes_are_refused() -> None:
 
 
 def test_a_replay_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forecast_module, "MAX_WORK", 1000)
+    monkeypatch.setattr(replay_module, "MAX_WORK", 1000)
     keep_all = policy(
         {"name": "slow", "rules": [{"name": "never", "when": {"age": "999d"}, "action": "delete"}]}
     )

@@ -20,7 +20,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from app.cli import cli
-from app.services.catalog.policies import load_policy_files
+from app.policy.loading import load_policy_files
 from app.settings import Settings, load_settings
 from app.tiers_config import load_tiers
 from tests.deploy.support import REPO, dev_tool, image_env, unknown_settings

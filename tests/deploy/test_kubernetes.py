@@ -23,7 +23,7 @@ from app.cli import cli
 from app.cost.prices import effective_price
 from app.db.migrate import upgrade
 from app.main import NO_BACKGROUND, create_app
-from app.services.catalog.policies import parse_yaml, validate_policy
+from app.policy.loading import parse_yaml, validate_policy
 from app.settings import Settings, load_settings
 from app.tiers_config import load_tiers
 from tests.builders import issue_token

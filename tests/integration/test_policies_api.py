@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.db.models import PolicyRow
-from app.services.catalog.policies import PolicyFileError
+from app.policy.loading import PolicyFileError
 from app.settings import Settings
 from tests.builders import assert_problem, list_all
 

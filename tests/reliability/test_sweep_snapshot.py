@@ -24,7 +24,8 @@ from sqlalchemy import Engine, select, update
 from app.db.models import Action, Run
 from app.db.session import make_session_factory, session_scope
 from app.domain.access import SCHEDULER_ACTOR
-from app.services.catalog.policies import store_policy, validate_policy
+from app.policy.loading import validate_policy
+from app.services.catalog.policies import store_policy
 from app.services.lifecycle.sweep import run_sweep
 from tests.reliability.harness import Scenario, World, seed, wipe
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.errors import Invalid
+from app.policy.loading import parse_yaml, validate_policy
 from app.policy.schema import Policy
-from app.services.catalog.policies import parse_yaml, validate_policy
 
 TIERS = ["hot", "warm", "cold", "archive"]
 TOP_KEYS = ["name", "description", "applies_to", "priority", "rules"]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,89 +14,12 @@ from sqlalchemy.orm import Session
 from app.db.dialect import insert_ignoring_conflicts
 from app.db.models import PolicyRow
 from app.domain.access import POLICY_FILES_ACTOR
-from app.domain.errors import Invalid, NotFound
+from app.domain.errors import NotFound
+from app.policy.loading import describe, resolve, to_document
 from app.policy.schema import Policy
 from app.services.catalog import audit
 
 log = logging.getLogger("app.policies")
-
-
-class PolicyFileError(Exception):
-    """A policy file is invalid; the message names the file, the rule and the field."""
-
-
-def _loc(loc: tuple[int | str, ...], document: Any) -> str:
-    """`rules[1] (milestones-thin).keep_last` from a pydantic error location."""
-    out = ""
-    node = document
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-            node = node[part] if isinstance(node, list) and part < len(node) else None
-            if isinstance(node, dict) and isinstance(node.get("name"), str):
-                out += f" ({node['name']})"
-        else:
-            out += f".{part}" if out else str(part)
-            node = node.get(part) if isinstance(node, dict) else None
-    return out or "policy"
-
-
-def describe(error: ValidationError, document: Any) -> tuple[str, str]:
-    """(first field, message naming every field at fault)."""
-    items = error.errors()
-    parts = [
-        f"{_loc(tuple(item['loc']), document)}: {str(item['msg']).removeprefix('Value error, ')}"
-        for item in items
-    ]
-    first = _loc(tuple(items[0]["loc"]), document) if items else "policy"
-    return first, "; ".join(parts)
-
-
-def validate_policy(document: Any, tiers: list[str]) -> Policy:
-    """Validate a policy document against the configured tiers; raises Invalid naming the field."""
-    if not isinstance(document, dict):
-        raise Invalid("a policy must be a mapping with name and rules", field="policy")
-    try:
-        return Policy.model_validate(document, context={"tiers": tiers})
-    except ValidationError as error:
-        field, message = describe(error, document)
-        raise Invalid(message, field=field) from None
-
-
-def parse_yaml(text: str | bytes, *, field: str = "body") -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise Invalid(f"not valid YAML: {error}", field=field) from None
-    except Exception as error:
-        # PyYAML's constructors crash in many ways on odd input (a sign and underscores
-        # read as a float, `!!bool maybe`, `!!timestamp x`, deep nesting): still the
-        # client's bad input, never a 500.
-        raise Invalid(f"not valid YAML: {type(error).__name__}", field=field) from None
-
-
-def load_policy_files(directory: Path, tiers: list[str]) -> list[tuple[Path, Policy]]:
-    """Every `*.yaml`/`*.yml` policy in `directory`, validated; the first bad file raises."""
-    if not directory.is_dir():
-        return []
-    loaded: list[tuple[Path, Policy]] = []
-    names: dict[str, Path] = {}
-    for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
-        try:
-            policy = validate_policy(parse_yaml(path.read_text()), tiers)
-        except Invalid as error:
-            raise PolicyFileError(f"policy file {path}: {error.message}") from None
-        if policy.name in names:
-            raise PolicyFileError(
-                f"policy file {path}: name {policy.name!r} is also used by {names[policy.name]}"
-            )
-        names[policy.name] = path
-        loaded.append((path, policy))
-    return loaded
-
-
-def to_document(policy: Policy) -> dict[str, Any]:
-    return policy.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
 def store_policy(
@@ -216,3 +138,16 @@ def active_policies(session: Session, tiers: list[str]) -> list[Policy]:
                 extra={"policy": row.name, "error": describe(error, row.document)[1]},
             )
     return policies
+
+
+def resolve_policy(
+    session: Session | None,
+    tiers: list[str],
+    policy: str | Mapping[str, Any],
+    *,
+    message_names_field: bool = True,
+) -> Policy:
+    """A stored policy by name, or an inline document (app.policy.loading.resolve); without
+    a session only inline documents resolve."""
+    stored = None if session is None else (lambda name: get_policy_row(session, name).document)
+    return resolve(policy, tiers, stored, message_names_field=message_names_field)

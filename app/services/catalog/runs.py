@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.db.dialect import insert_ignoring_conflicts
@@ -245,3 +245,9 @@ def resolve_scope(
     ):
         raise NotFound(f"no project is named {project!r}", field="project")
     return project, None
+
+
+def runs_in(projects: Collection[str]) -> Select[str]:
+    """The ids of the runs of `projects`: what a caller bounded to some projects may see
+    (tokens scoped to projects; a `project=` filter is one project)."""
+    return select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))

@@ -7,8 +7,9 @@ from collections.abc import Collection
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Checkpoint, Location, Project, Run
+from app.db.models import Checkpoint, Location
 from app.domain.states import STORED_STATES
+from app.services.catalog.runs import runs_in
 
 BILLED_STATES = STORED_STATES  # trashed bytes are still on disk and still billed
 
@@ -25,10 +26,6 @@ def tier_usage(
         .group_by(Location.tier)
     )
     if projects is not None:
-        stmt = stmt.where(
-            Checkpoint.run_id.in_(
-                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
-            )
-        )
+        stmt = stmt.where(Checkpoint.run_id.in_(runs_in(projects)))
     rows = session.execute(stmt).all()
     return {tier: (int(size), int(count)) for tier, size, count in rows}

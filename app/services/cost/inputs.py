@@ -18,10 +18,10 @@ from app.cost.prices import (
     unknown_entry_message,
     with_figures,
 )
-from app.domain.errors import Invalid, NotFound
+from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.policy.schema import Policy
-from app.services.catalog.policies import get_policy_row, validate_policy
+from app.services.catalog.policies import resolve_policy as resolve_stored_or_inline
 
 DEFAULT_POLICY = "default"
 
@@ -32,23 +32,8 @@ def resolve_policy(
     """A stored policy by name (the one named `default` when None), or an inline policy
     document validated against the tiers. Without a session only inline documents work."""
     names = [t.name for t in tiers]
-    if policy is None:
-        policy = DEFAULT_POLICY
-    if isinstance(policy, str):
-        if session is None:
-            raise NotFound(f"no policy is named {policy!r}", field="policy")
-        try:
-            row = get_policy_row(session, policy)
-        except NotFound:
-            raise NotFound(f"no policy is named {policy!r}", field="policy") from None
-        return validate_policy(row.document, names)
-    try:
-        return validate_policy(dict(policy), names)
-    except Invalid as error:
-        inner = error.field or ""
-        message = error.message.removeprefix(f"{inner}: ") if inner else error.message
-        field = f"policy.{inner}" if inner else "policy"
-        raise Invalid(message, field=field) from None
+    chosen = DEFAULT_POLICY if policy is None else policy
+    return resolve_stored_or_inline(session, names, chosen, message_names_field=False)
 
 
 EVERY_TIER = "*"

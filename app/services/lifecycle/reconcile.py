@@ -26,22 +26,22 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import google_crc32c
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import metrics
 from app.db.dialect import try_session_lock
 from app.db.models import Action, Checkpoint, Location
 from app.db.session import session_scope
 from app.domain.access import RECONCILE_ACTOR
 from app.domain.states import LIVE_STATES, OPEN_STATES, STORED_STATES, CheckpointState
 from app.domain.tier import Tier
-from app.services.catalog import audit
 from app.services.catalog.overlap import overlapping_pairs
+from app.services.lifecycle.health import record_health
+from app.services.lifecycle.reconcile_report import Drift, Orphan, Report
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
     ArchivedObject,
@@ -55,34 +55,6 @@ log = logging.getLogger("app.reconcile")
 
 ORPHAN_GRACE = timedelta(hours=1)
 READ_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Orphan:
-    tier: str
-    key: str  # relative to the tier's url
-    uri: str
-    size_bytes: int
-    modified: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class Drift:
-    checkpoint_id: str
-    tier: str
-    key: str
-    uri: str
-    problem: str  # missing | overlap | size: ... | sha256: ... | crc32c: ...
-    other_checkpoint_id: str | None = None  # overlap: the checkpoint it overlaps
-    other_uri: str | None = None  # overlap: that checkpoint's location
-
-
-@dataclass
-class Report:
-    orphans: list[Orphan] = field(default_factory=list)
-    drift: list[Drift] = field(default_factory=list)
-    scanned_objects: int = 0
-    unreachable: dict[str, str] = field(default_factory=dict)  # tier -> why it was skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,72 +252,6 @@ def _problem(
     return problem
 
 
-def record_health(
-    factory: sessionmaker[Session], report: Report, *, actor: str, now: datetime
-) -> None:
-    """Mark drifted checkpoints, clear those a scan found whole, audit both, and tell the
-    admins."""
-    problems: dict[str, str] = {}
-    for d in report.drift:
-        with_whom = (
-            f" with {d.other_checkpoint_id} ({d.other_uri})" if d.other_checkpoint_id else ""
-        )
-        problems.setdefault(d.checkpoint_id, f"{d.problem}{with_whom} at {d.uri}")
-    skipped = set(report.unreachable)
-    with session_scope(factory) as session:
-        was_drifting = set(
-            session.execute(select(Checkpoint.id).where(Checkpoint.health == "drift")).scalars()
-        )
-        for checkpoint_id, problem in problems.items():
-            session.execute(
-                update(Checkpoint)
-                .where(Checkpoint.id == checkpoint_id)
-                .values(health="drift", health_detail=problem)
-            )
-        healed = was_drifting - set(problems) if not skipped else set()
-        # (an unreachable tier proves nothing either way: nobody is cleared then)
-        if healed:
-            session.execute(
-                update(Checkpoint)
-                .where(Checkpoint.id.in_(healed))
-                .values(health="ok", health_detail=None)
-            )
-        changed = (set(problems) - was_drifting) | healed
-        runs: dict[str, str] = {
-            checkpoint_id: run_id
-            for checkpoint_id, run_id in session.execute(
-                select(Checkpoint.id, Checkpoint.run_id).where(Checkpoint.id.in_(changed))
-            )
-        }
-        audit.record_many(
-            session,
-            [
-                audit.checkpoint_event(
-                    checkpoint_id,
-                    runs[checkpoint_id],
-                    "healed" if checkpoint_id in healed else "drifted",
-                    actor=actor,
-                    at=now,
-                    before={"health": "drift" if checkpoint_id in healed else "ok"},
-                    after=(
-                        {"health": "ok"}
-                        if checkpoint_id in healed
-                        else {"health": "drift", "health_detail": problems[checkpoint_id]}
-                    ),
-                    reason="reconciliation",
-                )
-                for checkpoint_id in sorted(changed)
-            ],
-        )
-    for checkpoint_id, problem in problems.items():
-        if checkpoint_id not in was_drifting:
-            log.warning(
-                "checkpoint drifted from the catalog",
-                extra={"checkpoint_id": checkpoint_id, "problem": problem},
-            )
-    metrics.reconciled(len(report.orphans), len(problems), report.scanned_objects)
-
-
 RECONCILE_LOCK_KEY = 0x636B7074_7265636E  # "ckptrecn"
 
 
@@ -411,3 +317,15 @@ def delete_orphans(
             extra={"tier": tier_name, "objects": len(orphans), "keys": [o.key for o in orphans]},
         )
     return deleted, refused
+
+
+__all__ = [
+    "Drift",
+    "Orphan",
+    "Report",
+    "delete_orphans",
+    "reconcile",
+    "record_health",
+    "scan",
+    "turn",
+]

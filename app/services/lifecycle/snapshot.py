@@ -19,6 +19,7 @@ from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
 from app.domain.states import CheckpointState, RunStatus
 from app.services.catalog.run_totals import project_totals
+from app.services.catalog.runs import runs_in
 
 
 @dataclass
@@ -40,15 +41,9 @@ def _restrict(
     if run_id is not None:
         return stmt.where(Checkpoint.run_id == run_id)
     if project is not None:
-        return stmt.where(
-            Checkpoint.run_id.in_(select(Run.id).join(Project).where(Project.name == project))
-        )
+        return stmt.where(Checkpoint.run_id.in_(runs_in([project])))
     if projects is not None:
-        return stmt.where(
-            Checkpoint.run_id.in_(
-                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
-            )
-        )
+        return stmt.where(Checkpoint.run_id.in_(runs_in(projects)))
     return stmt
 
 

@@ -13,12 +13,13 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Action, Project, Run, Sweep
+from app.db.models import Action, Sweep
 from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.errors import Conflict, NotFound
 from app.domain.ids import new_id
 from app.domain.states import OPEN_STATES, ActionKind, ActionState
 from app.services.catalog import audit
+from app.services.catalog.runs import runs_in
 
 
 def new_action(
@@ -85,11 +86,7 @@ def list_actions(
     """Newest first; only actions on runs of `projects` when given (a bounded caller's)."""
     stmt = select(Action).order_by(Action.id.desc()).limit(limit + 1)
     if projects is not None:
-        stmt = stmt.where(
-            Action.run_id.in_(
-                select(Run.id).join(Project).where(Project.name.in_(sorted(projects)))
-            )
-        )
+        stmt = stmt.where(Action.run_id.in_(runs_in(projects)))
     for column, value in (
         (Action.state, state),
         (Action.kind, kind),
