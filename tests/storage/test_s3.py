@@ -20,7 +20,7 @@ import google_crc32c
 import pytest
 from botocore.utils import parse_timestamp
 
-from app.storage import retry, s3
+from app.storage import retry
 from app.storage.base import (
     ArchivedObject,
     ObjectInfo,
@@ -31,6 +31,7 @@ from app.storage.base import (
 )
 from app.storage.limits import MiB
 from app.storage.s3 import S3Storage
+from app.storage.s3 import adapter as s3
 from tests.storage.faulty_proxy import FaultyProxy
 from tests.storage.s3_servers import (
     S3Endpoint,
