@@ -55,9 +55,9 @@ from app.storage.base import (
 )
 from app.storage.limits import MiB
 from app.storage.retry import in_this_context, retrying
+from app.storage.streams import BoundedReader, ObjectReader, is_seekable, read_up_to
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
     from botocore.response import StreamingBody
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import (
@@ -186,102 +186,6 @@ def _call(what: str, call: Callable[[], T]) -> T:
         return call()
     except _FAILURES as error:
         raise translate(error, what) from error
-
-
-class _Body(io.RawIOBase):
-    """GetObject's stream, with failures in the middle of the body translated like those of
-    a request, so a caller retrying a transfer sees TransientError either way."""
-
-    def __init__(self, body: StreamingBody, what: str) -> None:
-        super().__init__()
-        self._body = body
-        self._what = what
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer).cast("B")
-        data = _call(self._what, partial(self._body.read, len(view)))
-        view[: len(data)] = data
-        return len(data)
-
-    def readall(self) -> bytes:
-        # RawIOBase's own would read the rest 8 KiB at a time.
-        return _call(self._what, self._body.read)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._body.close()
-        super().close()
-
-
-def _seekable(reader: BinaryIO) -> bool:
-    seekable = getattr(reader, "seekable", None)
-    return bool(callable(seekable) and seekable())
-
-
-class _Window(io.RawIOBase):
-    """`size` bytes of a seekable reader from its current position, rewindable for retries
-    and blind to whatever follows (botocore reads a body to its end to sign it)."""
-
-    def __init__(self, reader: BinaryIO, size: int) -> None:
-        super().__init__()
-        self._reader = reader
-        self._start = reader.tell()
-        self._size = size
-        self._pos = 0
-
-    def rewind(self) -> None:
-        self.seek(0)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, min(self._size, base + offset))
-        self._reader.seek(self._start + self._pos)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = self._size - self._pos
-        want = left if size is None or size < 0 else min(size, left)
-        data = self._reader.read(want) if want else b""
-        if want and not data:
-            # Never send a body short of its Content-Length: the server would wait for the rest.
-            raise StorageError(f"the reader ended early, short of the {self._size} bytes")
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def __len__(self) -> int:
-        return self._size
-
-
-def _read_exact(reader: BinaryIO, size: int) -> bytes:
-    data = reader.read(size)
-    if len(data) == size or not data:
-        return data
-    chunks = [data]
-    got = len(data)
-    while got < size:
-        chunk = reader.read(size - got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 def _checksums(head: Any) -> dict[str, str]:
@@ -547,7 +451,12 @@ class S3Storage:
         response = self._request(
             what, partial(self.client.get_object, Bucket=self.bucket, Key=object_key)
         )
-        return io.BufferedReader(_Body(response["Body"], what), READ_BUFFER)
+        body: StreamingBody = response["Body"]
+
+        def fetch(_offset: int, count: int | None) -> bytes:
+            return _call(what, partial(body.read, count))  # a body is read in order
+
+        return io.BufferedReader(ObjectReader(fetch, what, on_close=body.close), READ_BUFFER)
 
     # -- protocol: writing -------------------------------------------------------------------
 
@@ -560,7 +469,7 @@ class S3Storage:
             raise ValueError(f"size {size} < 0")
         object_key = self._key(key)
         extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
-        if size > self.part_size and _seekable(reader) and size <= self.single_put_max:
+        if size > self.part_size and is_seekable(reader) and size <= self.single_put_max:
             self._put_streamed(object_key, reader, size, extra)
             return
         if size > self.part_size:
@@ -581,7 +490,7 @@ class S3Storage:
         memory, and a retry seeks back. One request beats many parts up to a couple of
         hundred MiB (rclone's upload cutoff is 200 MiB for the same reason)."""
         what = f"PutObject {self._url(object_key)}"
-        window = _Window(reader, size)
+        window = BoundedReader(reader, size, what)
 
         def put() -> Any:
             window.rewind()
@@ -603,7 +512,7 @@ class S3Storage:
             raise StorageError(f"{what}: the reader holds more than the {size} bytes announced")
 
     def _read_part(self, reader: BinaryIO, size: int, total: int, what: str) -> bytes:
-        data = _read_exact(reader, size)
+        data = read_up_to(reader, size)
         if len(data) != size:
             raise StorageError(f"{what}: the reader ended early, short of the {total} bytes")
         return data
