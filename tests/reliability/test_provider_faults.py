@@ -111,9 +111,9 @@ def quick_clients(
     so a request the proxy holds is a real client-side timeout; backoff is instant.
     GCS adapters pick their client by STORAGE_EMULATOR_HOST: the proxy's is seeded here."""
     quick = Config(connect_timeout=READ_TIMEOUT, read_timeout=READ_TIMEOUT)
-    new_client = s3._new_client
+    new_client = s3.new_client
     monkeypatch.setattr(
-        s3, "_new_client", lambda endpoint, config: new_client(endpoint, config.merge(quick))
+        s3, "new_client", lambda endpoint, config: new_client(endpoint, config.merge(quick))
     )
     client = anonymous_client(gcs_proxy.url)
     request = client._http.request
