@@ -42,7 +42,7 @@ from app.settings import Settings
 from app.storage import retry
 from app.storage.base import join_key
 from app.storage.gcs import GcsStorage
-from app.storage.gcs import adapter as gcs
+from app.storage.gcs import client as gcs
 from app.storage.local import LocalStorage
 from app.storage.registry import storage_for
 from app.storage.s3 import S3Storage

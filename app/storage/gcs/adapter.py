@@ -12,19 +12,13 @@ import contextlib
 import functools
 import io
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, TypeVar
 
-import requests
-from google import resumable_media
 from google.api_core import exceptions as api
-from google.auth import exceptions as auth_errors
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+from google.cloud.storage.exceptions import DataCorruption
 
 from app.storage.base import (
     ObjectInfo,
@@ -37,6 +31,8 @@ from app.storage.base import (
     UnsafePath,
     join_key,
 )
+from app.storage.gcs.client import shared_client
+from app.storage.gcs.errors import PROVIDER_ERRORS, BatchUnsupported, translate
 from app.storage.limits import GCS_MAX_BATCH_CALLS, MiB, batched
 from app.storage.retry import ATTEMPTS, in_this_context, retrying
 from app.storage.streams import BoundedReader, ObjectReader, is_seekable, read_up_to
@@ -44,89 +40,8 @@ from app.storage.streams import BoundedReader, ObjectReader, is_seekable, read_u
 T = TypeVar("T")
 log = logging.getLogger("app.storage")
 
-EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-EMULATOR_PROJECT = "emulator"  # emulators ignore the project but the client wants one
 RESUMABLE_ALIGNMENT = 256 * 1024  # GCS rejects resumable chunks of other multiples
 SINGLE_REQUEST_MAX = 8 * MiB  # the library's own limit for a one-request upload
-
-_TRANSIENT_API = (
-    api.TooManyRequests,
-    api.InternalServerError,
-    api.BadGateway,
-    api.ServiceUnavailable,
-    api.GatewayTimeout,
-)
-_TRANSIENT_TRANSPORT = (
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    auth_errors.TransportError,
-)
-_TRANSIENT = _TRANSIENT_API + _TRANSIENT_TRANSPORT
-# The library raises its own media errors, which subclass google.resumable_media's while
-# that package is installed; catching both keeps working if either side changes.
-_INVALID_RESPONSE = (InvalidResponse, resumable_media.InvalidResponse)
-_PROVIDER_ERRORS = (
-    api.GoogleAPIError,
-    requests.exceptions.RequestException,
-    auth_errors.GoogleAuthError,
-    *_INVALID_RESPONSE,
-    DataCorruption,
-    resumable_media.DataCorruption,
-)
-
-_clients: dict[str, storage.Client] = {}
-_clients_lock = threading.Lock()
-
-
-def shared_client() -> storage.Client:
-    """One client per process and emulator host: clients are thread-safe for requests and
-    creating one resolves credentials, which is slow. Emulators take no credentials."""
-    emulator = os.environ.get(EMULATOR_ENV, "")
-    with _clients_lock:
-        client = _clients.get(emulator)
-        if client is None:
-            try:
-                if emulator:
-                    client = storage.Client(
-                        project=EMULATOR_PROJECT,
-                        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-                    )
-                else:
-                    client = storage.Client()
-            except _PROVIDER_ERRORS as error:  # no credentials found, say
-                raise translate(error, "create a GCS client") from error
-            _clients[emulator] = client
-        return client
-
-
-def _status(error: BaseException) -> int | None:
-    response = getattr(error, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def translate(error: BaseException, what: str) -> StorageError:
-    """The one place provider errors become StorageError, TransientError or ObjectMissing.
-    Messages carry the operation and the provider's reason, never request headers."""
-    message = f"{what}: {type(error).__name__}: {error}"
-    if isinstance(error, api.NotFound):
-        return ObjectMissing(message)
-    if isinstance(error, api.Forbidden):
-        return PermissionDenied(message)  # rights, a retention policy or a hold
-    if isinstance(error, _TRANSIENT):
-        return TransientError(message)
-    if isinstance(error, api.GoogleAPICallError) and error.code == 408:
-        return TransientError(message)  # request timeout: GCS lists it as retryable
-    if isinstance(error, _INVALID_RESPONSE):
-        status = _status(error)
-        if status is not None and (status == 429 or status >= 500):
-            return TransientError(message)
-        if status == 404:
-            return ObjectMissing(message)
-        if status == 403:
-            return PermissionDenied(message)
-    return StorageError(message)
 
 
 def _hex(b64: str | None) -> str | None:
@@ -151,12 +66,9 @@ def _safe_relative(key: str, prefix: str) -> str:
     return key
 
 
-class _BatchUnsupported(Exception):
-    """The endpoint answered a batch request with something other than one reply a call."""
-
-
 class GcsStorage:
-    """One tier under `gs://bucket/prefix`; key `k` is the object `prefix/k`."""
+    """One tier under `gs://bucket/prefix`; key `k` is the object `prefix/k`. Requests go
+    through `client` when given (a StorageRegistry's), else the process's shared_client()."""
 
     scheme = "gs"
 
@@ -203,7 +115,7 @@ class GcsStorage:
         def attempt() -> T:
             try:
                 return call()
-            except _PROVIDER_ERRORS as error:
+            except PROVIDER_ERRORS as error:
                 raise translate(error, what) from error
 
         return retrying(attempt, what=what, attempts=attempts)
@@ -408,7 +320,7 @@ class GcsStorage:
                         self._delete_batch(names)
                         deleted += len(names)
                         continue
-                    except _BatchUnsupported as error:
+                    except BatchUnsupported as error:
                         self._batch_deletes = False
                         log.warning(
                             "GCS endpoint mishandles batch requests; deleting one by one",
@@ -438,11 +350,11 @@ class GcsStorage:
                     for name in pending:
                         self._bucket.delete_blob(name, retry=None)
             except (ValueError, api.NotFound, api.MethodNotAllowed) as error:
-                raise _BatchUnsupported(f"{type(error).__name__}: {error}") from error
+                raise BatchUnsupported(f"{type(error).__name__}: {error}") from error
             # finish() keeps each call's reply here when raise_exception is False.
             replies = batch._responses
             if len(replies) != len(pending):
-                raise _BatchUnsupported(f"{len(replies)} replies to {len(pending)} calls")
+                raise BatchUnsupported(f"{len(replies)} replies to {len(pending)} calls")
             again: list[str] = []
             for name, reply in zip(pending, replies, strict=True):
                 status = int(reply.status_code)
