@@ -47,7 +47,11 @@ SINGLE_PUT_MAX = 200 * MiB  # a seekable source up to this goes in one streamed 
 
 
 class S3Storage(S3Multipart):
-    """One tier: `bucket` with keys under `prefix`."""
+    """One tier: `bucket` with keys under `prefix`, at `endpoint_url` (None: AWS).
+
+    `client` is an already built client (a StorageRegistry's); without one the adapter
+    builds its own from client.client_config, which a given one should match: botocore
+    retrying nothing, request_checksums, a connection per request in flight."""
 
     scheme = "s3"
 
@@ -62,6 +66,7 @@ class S3Storage(S3Multipart):
         max_single_copy: int = limits.S3_MAX_SINGLE_COPY,
         single_put_max: int = SINGLE_PUT_MAX,
         concurrency: int = DEFAULT_CONCURRENCY,
+        client: S3Client | None = None,
     ) -> None:
         checksums = checksum_mode(request_checksums)
         if not limits.S3_MIN_PART <= part_size <= limits.S3_MAX_SINGLE_PUT:
@@ -78,10 +83,10 @@ class S3Storage(S3Multipart):
         self.max_single_copy = max_single_copy
         self.single_put_max = min(single_put_max, limits.S3_MAX_SINGLE_PUT)
         self.concurrency = concurrency
-        self.client: S3Client = new_client(
-            endpoint_url,
-            client_config(checksums, endpoint_url=endpoint_url, concurrency=concurrency),
-        )
+        if client is None:
+            config = client_config(checksums, endpoint_url=endpoint_url, concurrency=concurrency)
+            client = new_client(endpoint_url, config)
+        self.client: S3Client = client
 
     def __repr__(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
