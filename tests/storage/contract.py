@@ -13,10 +13,12 @@ import hashlib
 import io
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
+import google_crc32c
 import pytest
 
-from app.storage.base import ObjectMissing, Storage, StorageError, UnsafePath
+from app.storage.base import ArchivedObject, ObjectMissing, Storage, StorageError, UnsafePath
 from app.storage.local import LocalStorage
 from app.storage.transfer import bytes_through, copy_files, verify_files
 
@@ -33,18 +35,74 @@ def read(storage: Storage, key: str) -> bytes:
         return stream.read()
 
 
+def class_of(storage: Storage, key: str) -> str | None:
+    info = storage.head(key)
+    assert info is not None, f"{key} is missing"
+    return info.storage_class
+
+
+class Trickle:
+    """A read-only reader (no tell, seek or seekable) giving at most 100 KiB a read, like a
+    stream from another provider."""
+
+    def __init__(self, data: bytes) -> None:
+        self._inner = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._inner.read(min(size, 100 * 1024) if size >= 0 else 100 * 1024)
+
+
 def payload(n: int, seed: str = "x") -> bytes:
     block = hashlib.sha256(seed.encode()).digest()
     return (block * (n // len(block) + 1))[:n]
 
 
 class StorageContract:
-    """The tests every adapter passes; subclasses provide `make`."""
+    """The tests every adapter passes; subclasses provide `make` and the capabilities."""
+
+    # -- capabilities ----------------------------------------------------------------------
+    # Two storages of `make` copy server-side (same_service) rather than through us.
+    server_side_copy: ClassVar[bool]
+    # The class head and listings report for an object written with none (None: no classes).
+    default_class: ClassVar[str | None]
+    # A class other than the default, to write objects in and change them to.
+    other_class: ClassVar[str]
+    # Where the server keeps a class it is given: "upload", "copy" (copy_within) and "set"
+    # (set_storage_class). Elsewhere the object reports the default class.
+    classes_kept: ClassVar[frozenset[str]]
+    # Whether list_prefix reports a kept class (or the default whatever was kept).
+    listings_show_classes: ClassVar[bool]
+    # Whether set_storage_class looks the object up (ObjectMissing when there is none) or
+    # does nothing at all.
+    class_change_looks_up: ClassVar[bool]
+    # Whether restore_state and request_restore look the object up (ObjectMissing when there
+    # is none) or answer for any key: "readable", nothing to ask for.
+    restores_look_up: ClassVar[bool]
+    # A class whose objects must be restored before they can be read (None: none must).
+    archive_class: ClassVar[str | None]
+    # Whether a crashed upload leaves something abort_uploads finds (see leave_unfinished).
+    unfinished_uploads: ClassVar[bool]
+    # The fingerprints head reports for a small object written by upload.
+    fingerprints: ClassVar[frozenset[str]]
+    # What copy_within raises for a source of another service (see foreign).
+    foreign_copy_error: ClassVar[type[Exception]]
 
     @pytest.fixture
     def make(self) -> Factory:
         """A factory of fresh, empty storages of one adapter (each under its own root)."""
         raise NotImplementedError
+
+    def leave_unfinished(self, storage: Storage, key: str) -> None:
+        """Leave behind at `key` what a crashed upload leaves (when unfinished_uploads)."""
+        raise NotImplementedError
+
+    def foreign(self, tmp_path: Path) -> Storage:
+        """A storage of another service, which copy_within refuses as a source."""
+        return LocalStorage(tmp_path / "foreign")
+
+    def kept(self, operation: str) -> str | None:
+        """The class an object written in other_class by `operation` reports."""
+        return self.other_class if operation in self.classes_kept else self.default_class
 
     def test_round_trip_lists_heads_and_reads(self, make: Factory) -> None:
         storage = make()
@@ -169,3 +227,159 @@ class StorageContract:
         assert (
             verify_files(second, "d/step-1", manifest, source=first, source_prefix="s/step-1") == []
         )
+
+    # -- every method of the protocol, capabilities stated --------------------------------
+
+    def test_same_service(self, make: Factory, tmp_path: Path) -> None:
+        first, second = make(), make()
+        assert first.same_service(second) is self.server_side_copy
+        assert second.same_service(first) is self.server_side_copy
+        assert not first.same_service(LocalStorage(tmp_path / "elsewhere"))
+
+    def test_listings_say_when_each_object_was_written(self, make: Factory) -> None:
+        storage = make()
+        put(storage, "w/a", b"a")
+        put(storage, "w/sub/b", b"b")
+        listed = storage.list_prefix("w")
+        assert [i.key for i in listed] == ["a", "sub/b"]
+        assert all(i.modified is not None for i in listed)
+
+    def test_head_reports_true_fingerprints(self, make: Factory) -> None:
+        storage = make()
+        data = payload(5000, "f")
+        put(storage, "f/a", data)
+        info = storage.head("f/a")
+        assert info is not None
+        assert set(info.checksums) == self.fingerprints
+        true = {
+            "md5": hashlib.md5(data).hexdigest(),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "crc32c": f"{google_crc32c.value(data):08x}",
+        }
+        assert {n: v for n, v in info.checksums.items() if n in true} == {
+            n: true[n] for n in info.checksums if n in true
+        }
+
+    def test_open_read_streams_in_pieces(self, make: Factory) -> None:
+        storage = make()
+        data = payload(3 * MiB + 17, "r")
+        put(storage, "r/blob", data)
+        with storage.open_read("r/blob") as stream:
+            assert b"".join(iter(lambda: stream.read(100_000), b"")) == data
+
+    def test_upload_from_a_reader_that_cannot_seek(self, make: Factory) -> None:
+        storage = make()
+        data = payload(6 * MiB + 5, "t")  # above an S3 part here: parts read in order
+        storage.upload("t/blob", Trickle(data), len(data))  # type: ignore[arg-type]
+        assert read(storage, "t/blob") == data
+
+    def test_delete_keys_counts_missing_ones_as_deleted(self, make: Factory) -> None:
+        storage = make()
+        put(storage, "n/a", b"a")
+        assert storage.delete_keys(["n/a", "n/never"]) == 2
+        assert storage.head("n/a") is None
+        assert storage.delete_keys([]) == 0
+
+    def test_upload_and_copy_in_a_storage_class(self, make: Factory) -> None:
+        storage = make()
+        put(storage, "u/plain", b"p")
+        storage.upload("u/cold", io.BytesIO(b"c"), 1, storage_class=self.other_class)
+        storage.copy_within(storage, "u/plain", "u/copy", 1, storage_class=self.other_class)
+
+        assert {key: class_of(storage, f"u/{key}") for key in ("plain", "cold", "copy")} == {
+            "plain": self.default_class,
+            "cold": self.kept("upload"),
+            "copy": self.kept("copy"),
+        }
+        listed = {info.key: info.storage_class for info in storage.list_prefix("u")}
+        shown = self.listings_show_classes
+        assert listed == {
+            "plain": self.default_class,
+            "cold": self.kept("upload") if shown else self.default_class,
+            "copy": self.kept("copy") if shown else self.default_class,
+        }
+        assert read(storage, "u/copy") == b"p"
+
+    def test_set_storage_class_changes_it_in_place(self, make: Factory) -> None:
+        storage = make()
+        data = payload(2000, "k")
+        put(storage, "k/a", data)
+
+        storage.set_storage_class("k/a", self.other_class)
+        assert class_of(storage, "k/a") == self.kept("set")
+        storage.set_storage_class("k/a", self.other_class)  # nothing to change: harmless
+        assert read(storage, "k/a") == data
+
+        if self.class_change_looks_up:
+            with pytest.raises(ObjectMissing):
+                storage.set_storage_class("k/none", self.other_class)
+        else:
+            storage.set_storage_class("k/none", self.other_class)
+        assert storage.head("k/none") is None
+
+    def test_copy_within(self, make: Factory) -> None:
+        first, second = make(), make()
+        data = payload(3000, "c")
+        put(first, "c/a", data)
+
+        second.copy_within(first, "c/a", "c/b", len(data))
+
+        assert read(second, "c/b") == data
+        assert read(first, "c/a") == data
+        with pytest.raises(ObjectMissing):
+            second.copy_within(first, "c/none", "c/x", 1)
+        assert second.head("c/x") is None
+
+    def test_copy_within_refuses_another_service(self, make: Factory, tmp_path: Path) -> None:
+        storage = make()
+        with pytest.raises(self.foreign_copy_error):
+            storage.copy_within(self.foreign(tmp_path), "f/a", "f/b", 1)
+        assert storage.head("f/b") is None
+
+    def test_abort_uploads_collects_what_crashed_uploads_left(self, make: Factory) -> None:
+        storage = make()
+        put(storage, "ck/done", b"1")
+        if self.unfinished_uploads:
+            self.leave_unfinished(storage, "ck/sub/partial")
+            self.leave_unfinished(storage, "ck2/partial")
+        left = 1 if self.unfinished_uploads else 0
+
+        assert storage.abort_uploads("ck") == left
+        assert storage.abort_uploads("ck") == 0
+        assert storage.abort_uploads("ck2") == left  # a sibling sharing its start is spared
+        assert storage.abort_uploads("nothing/here") == 0
+        assert read(storage, "ck/done") == b"1"
+
+    def test_a_plain_object_is_readable_and_restoring_it_is_harmless(self, make: Factory) -> None:
+        storage = make()
+        put(storage, "r/a", b"a")
+        assert storage.restore_state("r/a") == "readable"
+        storage.request_restore("r/a")
+        storage.request_restore("r/a", days=2)
+        assert storage.restore_state("r/a") == "readable"
+        assert read(storage, "r/a") == b"a"
+
+    def test_restores_of_a_missing_object(self, make: Factory) -> None:
+        storage = make()
+        if self.restores_look_up:
+            with pytest.raises(ObjectMissing):
+                storage.restore_state("r/none")
+            with pytest.raises(ObjectMissing):
+                storage.request_restore("r/none")
+        else:
+            assert storage.restore_state("r/none") == "readable"
+            storage.request_restore("r/none")
+        assert storage.head("r/none") is None
+
+    def test_an_archived_object_is_read_once_restored(self, make: Factory) -> None:
+        if self.archive_class is None:
+            pytest.skip("no storage class here must be restored before reading")
+        storage = make()
+        storage.upload("g/cold", io.BytesIO(b"cold"), 4, storage_class=self.archive_class)
+        with pytest.raises(ArchivedObject):
+            storage.open_read("g/cold")
+        assert storage.restore_state("g/cold") == "archived"
+
+        storage.request_restore("g/cold", days=2)
+        assert storage.restore_state("g/cold") in ("restoring", "readable")
+        storage.request_restore("g/cold")  # repeating it is harmless
