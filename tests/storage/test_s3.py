@@ -34,10 +34,10 @@ from app.storage.s3 import S3Storage
 from app.storage.s3 import calls as s3_calls
 from app.storage.s3 import client as s3_clients
 from tests.storage.faulty_proxy import FaultyProxy
+from tests.storage.ports import free_port
 from tests.storage.s3_servers import (
     S3Endpoint,
     dummy_credentials,
-    free_port,
     new_bucket,
     s3_client,
 )
