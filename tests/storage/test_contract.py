@@ -3,191 +3,113 @@ smoke run of the same contract on a second S3 implementation (rclone serve s3)."
 
 from __future__ import annotations
 
-import hashlib
-import io
-from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from app.storage.base import ObjectMissing, Storage, StorageError, UnsafePath
+from app.storage.base import Storage, StorageError, join_key
 from app.storage.gcs import GcsStorage
 from app.storage.local import LocalStorage
 from app.storage.s3 import S3Storage
-from app.storage.transfer import bytes_through, copy_files, verify_files
+from tests.storage.contract import Factory, MiB, StorageContract
 from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
 from tests.storage.s3_servers import S3Endpoint
 from tests.storage.s3_servers import new_bucket as new_s3_bucket
 
-MiB = 1024 * 1024
-Factory = Callable[[], Storage]
-ADAPTERS = ["local", "s3", "gcs", "rclone"]
 
-
-@pytest.fixture(params=ADAPTERS)
-def make(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
-    """A factory of fresh, empty storages of one adapter (each under its own root)."""
-    kind = request.param
-    counter = iter(range(1000))
-    if kind == "local":
-        return lambda: LocalStorage(tmp_path / f"root-{next(counter)}")
-    if kind == "gcs":
-        endpoint: GcsEndpoint = request.getfixturevalue("fake_gcs")
-        return lambda: GcsStorage(new_gcs_bucket(endpoint), "tier/root", chunk_size=MiB)
-    s3: S3Endpoint = request.getfixturevalue("moto_s3" if kind == "s3" else "rclone_s3")
-    checksums = "when_required" if kind == "rclone" else "when_supported"
+def s3_storages(s3: S3Endpoint, request_checksums: str) -> Factory:
     return lambda: S3Storage(
         new_s3_bucket(s3),
         "tier/root",
         endpoint_url=s3.url,
-        request_checksums=checksums,
+        request_checksums=request_checksums,
         part_size=5 * MiB,
     )
 
 
-def put(storage: Storage, key: str, data: bytes) -> None:
-    storage.upload(key, io.BytesIO(data), len(data))
+class TestLocalContract(StorageContract):
+    server_side_copy = False  # directories have no server: bytes stream (and get digested)
+    default_class = None  # directories have no storage classes: any is taken and ignored
+    other_class = "COLDLINE"
+    classes_kept = frozenset()
+    listings_show_classes = True
+    class_change_looks_up = False  # set_storage_class does nothing at all
+    restores_look_up = False  # nothing is ever archived on a directory
+    archive_class = None
+    unfinished_uploads = True  # a crashed upload leaves its `.name.partial-*` file
+    fingerprints = frozenset()
+    foreign_copy_error = StorageError
+
+    def leave_unfinished(self, storage: Storage, key: str) -> None:
+        assert isinstance(storage, LocalStorage)
+        target = storage.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.with_name(f".{target.name}.partial-0123abcd").write_bytes(b"half")
+
+    def foreign(self, tmp_path: Path) -> Storage:
+        return S3Storage("bucket", endpoint_url="http://127.0.0.1:9")  # never contacted
+
+    @pytest.fixture
+    def make(self, tmp_path: Path) -> Factory:
+        counter = iter(range(1000))
+        return lambda: LocalStorage(tmp_path / f"root-{next(counter)}")
 
 
-def read(storage: Storage, key: str) -> bytes:
-    with storage.open_read(key) as stream:
-        return stream.read()
+class S3Contract(StorageContract):
+    """What every S3 server here shares (not collected: its name does not start with Test)."""
+
+    server_side_copy = True  # CopyObject between buckets of one endpoint
+    default_class = "STANDARD"
+    other_class = "STANDARD_IA"
+    classes_kept = frozenset({"upload", "copy", "set"})
+    listings_show_classes = True
+    class_change_looks_up = True
+    restores_look_up = True  # restore_state and request_restore send a HeadObject first
+    archive_class: ClassVar[str | None] = "GLACIER"
+    unfinished_uploads = True  # multipart uploads never completed
+    fingerprints = frozenset({"etag", "md5"})  # a single PutObject's ETag is its MD5
+    foreign_copy_error = ValueError
+
+    def leave_unfinished(self, storage: Storage, key: str) -> None:
+        assert isinstance(storage, S3Storage)
+        storage.client.create_multipart_upload(
+            Bucket=storage.bucket, Key=join_key(storage.prefix, key)
+        )
 
 
-def payload(n: int, seed: str = "x") -> bytes:
-    block = hashlib.sha256(seed.encode()).digest()
-    return (block * (n // len(block) + 1))[:n]
+class TestS3Contract(S3Contract):
+    @pytest.fixture
+    def make(self, moto_s3: S3Endpoint) -> Factory:
+        return s3_storages(moto_s3, "when_supported")
 
 
-def test_round_trip_lists_heads_and_reads(make: Factory) -> None:
-    storage = make()
-    files = {"b/shard-1.bin": payload(1000, "1"), "a.json": b"{}", "b/shard-0.bin": b""}
-    for path, data in files.items():
-        put(storage, f"run/step-1/{path}", data)
+class TestGcsContract(StorageContract):
+    server_side_copy = True  # a rewrite copies between any two buckets
+    default_class = "STANDARD"
+    other_class = "NEARLINE"
+    # fake-gcs-server ignores the destination class of a rewrite (real GCS applies it).
+    classes_kept = frozenset({"upload"})
+    listings_show_classes = True
+    class_change_looks_up = True
+    restores_look_up = False  # every class, ARCHIVE included, is read directly
+    archive_class = None
+    unfinished_uploads = False  # resumable sessions are listed nowhere: nothing to abort
+    fingerprints = frozenset({"crc32c", "md5"})
+    foreign_copy_error = StorageError
 
-    listed = storage.list_prefix("run/step-1")
-
-    assert [(i.key, i.size_bytes) for i in listed] == sorted(
-        (path, len(data)) for path, data in files.items()
-    )
-    assert storage.prefix_exists("run/step-1")
-    info = storage.head("run/step-1/b/shard-1.bin")
-    assert info is not None and info.size_bytes == 1000
-    for path, data in files.items():
-        assert read(storage, f"run/step-1/{path}") == data
-    assert storage.restore_state("run/step-1/a.json") == "readable"
-
-
-def test_a_multipart_sized_object_round_trips(make: Factory) -> None:
-    storage = make()
-    data = payload(12 * MiB + 123, "big")
-    put(storage, "big/step-1/blob", data)
-    assert read(storage, "big/step-1/blob") == data
-    info = storage.head("big/step-1/blob")
-    assert info is not None and info.size_bytes == len(data)
+    @pytest.fixture
+    def make(self, fake_gcs: GcsEndpoint) -> Factory:
+        return lambda: GcsStorage(new_gcs_bucket(fake_gcs), "tier/root", chunk_size=MiB)
 
 
-def test_missing_things(make: Factory) -> None:
-    storage = make()
-    with pytest.raises(ObjectMissing):
-        storage.list_prefix("nothing/here")
-    assert not storage.prefix_exists("nothing/here")
-    assert storage.head("nothing/here/x") is None
-    with pytest.raises(ObjectMissing):
-        storage.open_read("nothing/here/x")
-    assert storage.delete_prefix("nothing/here") == 0
-    storage.delete_keys(["nothing/here/x"])  # a missing object is deleted already
+class TestRcloneContract(S3Contract):
+    """rclone serve s3, as a second S3 implementation: the whole contract as a smoke run."""
 
+    listings_show_classes = False  # HEAD echoes the class an object was sent with; lists do not
+    archive_class = None  # rclone keeps no archive: an object sent as GLACIER reads at once
 
-def test_upload_replaces_an_object_whole(make: Factory) -> None:
-    storage = make()
-    put(storage, "p/step-1/f", b"old old old")
-    put(storage, "p/step-1/f", b"new")
-    assert read(storage, "p/step-1/f") == b"new"
-
-
-def test_a_short_source_fails_the_upload_and_leaves_nothing(make: Factory) -> None:
-    storage = make()
-    with pytest.raises((StorageError, ValueError)):
-        storage.upload("p/step-1/f", io.BytesIO(b"only ten b"), 20)
-    assert storage.head("p/step-1/f") is None
-
-
-def test_delete_prefix_spares_siblings_that_share_its_start(make: Factory) -> None:
-    """step-1 is not step-10: deleting one checkpoint never touches another."""
-    storage = make()
-    for step in ("step-1", "step-10", "step-1x"):
-        put(storage, f"run/{step}/a", step.encode())
-        put(storage, f"run/{step}/sub/b", step.encode())
-
-    assert storage.delete_prefix("run/step-1") == 2
-
-    assert not storage.prefix_exists("run/step-1")
-    assert read(storage, "run/step-10/sub/b") == b"step-10"
-    assert read(storage, "run/step-1x/a") == b"step-1x"
-    assert storage.delete_prefix("run/step-1") == 0  # repeating it is harmless
-
-
-def test_the_root_is_never_deleted(make: Factory) -> None:
-    storage = make()
-    put(storage, "keep/me", b"1")
-    with pytest.raises(UnsafePath):
-        storage.delete_prefix("")
-    assert read(storage, "keep/me") == b"1"
-
-
-def test_delete_keys_deletes_exactly_those(make: Factory) -> None:
-    storage = make()
-    for i in range(5):
-        put(storage, f"k/{i}", b"x")
-    storage.delete_keys(["k/1", "k/3", "k/9"])
-    assert [i.key for i in storage.list_prefix("k")] == ["0", "2", "4"]
-
-
-def test_copy_files_between_every_pair_and_verify(make: Factory, tmp_path: Path) -> None:
-    """Into and out of each adapter, against local directories on the other side."""
-    local = LocalStorage(tmp_path / "other")
-    files = {"a.bin": payload(3000, "a"), "dir/b.bin": payload(5000, "b")}
-    manifest = [
-        {"path": p, "size_bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
-        for p, d in sorted(files.items())
-    ]
-    storage = make()
-    for path, data in files.items():
-        put(local, f"src/{path}", data)
-
-    copy_files(local, "src", storage, "in", manifest, storage_class=None)
-    assert verify_files(storage, "in", manifest) == []
-    copy_files(storage, "in", local, "back", manifest, storage_class=None)
-    assert verify_files(local, "back", manifest) == []
-    assert {p: read(local, f"back/{p}") for p in files} == files
-
-    again = copy_files(local, "src", storage, "in", manifest, storage_class=None)
-    assert again.skipped == len(files), "a resumed copy redoes files already verified"
-
-
-def test_verification_catches_same_size_other_bytes(make: Factory) -> None:
-    storage = make()
-    good = payload(4000, "good")
-    put(storage, "v/f", good[:-1] + bytes([good[-1] ^ 1]))
-    entry = {"path": "f", "size_bytes": 4000, "sha256": hashlib.sha256(good).hexdigest()}
-    assert verify_files(storage, "v", [entry])
-    assert verify_files(storage, "v", [{"path": "f", "size_bytes": 3999}])
-    assert verify_files(storage, "v", [{"path": "f", "size_bytes": 4000}]) == []
-
-
-def test_same_provider_copies_are_server_side(make: Factory) -> None:
-    first, second = make(), make()
-    data = payload(2 * MiB, "s")
-    put(first, "s/step-1/blob", data)
-    manifest = [{"path": "blob", "size_bytes": len(data)}]
-    before = bytes_through()
-
-    report = copy_files(first, "s/step-1", second, "d/step-1", manifest, storage_class=None)
-
-    if second.same_service(first):
-        assert report.bytes_streamed == 0 and bytes_through() == before
-        assert report.bytes_server_side == len(data)
-    assert read(second, "d/step-1/blob") == data
-    assert verify_files(second, "d/step-1", manifest, source=first, source_prefix="s/step-1") == []
+    @pytest.fixture
+    def make(self, rclone_s3: S3Endpoint) -> Factory:
+        return s3_storages(rclone_s3, "when_required")

@@ -20,7 +20,7 @@ import google_crc32c
 import pytest
 from botocore.utils import parse_timestamp
 
-from app.storage import retry, s3
+from app.storage import retry
 from app.storage.base import (
     ArchivedObject,
     ObjectInfo,
@@ -31,11 +31,13 @@ from app.storage.base import (
 )
 from app.storage.limits import MiB
 from app.storage.s3 import S3Storage
+from app.storage.s3 import calls as s3_calls
+from app.storage.s3 import client as s3_clients
 from tests.storage.faulty_proxy import FaultyProxy
+from tests.storage.ports import free_port
 from tests.storage.s3_servers import (
     S3Endpoint,
     dummy_credentials,
-    free_port,
     new_bucket,
     s3_client,
 )
@@ -409,7 +411,7 @@ def test_delete_keys_in_batches_of_a_thousand(
 def test_delete_prefix_deletes_pages_while_listing(
     storage: S3Storage, raw: S3Client, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3, "LIST_PAGE", 7)  # 30 objects make 5 pages, as 100,000 make 100
+    monkeypatch.setattr(s3_calls, "LIST_PAGE", 7)  # 30 objects make 5 pages, as 100,000 make 100
     for i in range(30):
         raw.put_object(Bucket=bucket, Key=f"tier/ck/{i % 3}/{i:02d}", Body=b"x")
     for key in ("tier/ck2/keep", "tier/other/keep", "ck/outside-the-tier"):
@@ -648,4 +650,4 @@ def test_persistent_failures_give_up_after_the_attempts(
     ],
 )
 def test_fast_timestamp_parser_agrees_with_botocore(stamp: str) -> None:
-    assert s3._parse_timestamp(stamp) == parse_timestamp(stamp)
+    assert s3_clients._parse_timestamp(stamp) == parse_timestamp(stamp)

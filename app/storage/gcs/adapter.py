@@ -12,20 +12,13 @@ import contextlib
 import functools
 import io
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
-import google_crc32c
-import requests
-from google import resumable_media
 from google.api_core import exceptions as api
-from google.auth import exceptions as auth_errors
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+from google.cloud.storage.exceptions import DataCorruption
 
 from app.storage.base import (
     ObjectInfo,
@@ -38,114 +31,17 @@ from app.storage.base import (
     UnsafePath,
     join_key,
 )
+from app.storage.gcs.client import shared_client
+from app.storage.gcs.errors import PROVIDER_ERRORS, BatchUnsupported, translate
 from app.storage.limits import GCS_MAX_BATCH_CALLS, MiB, batched
 from app.storage.retry import ATTEMPTS, in_this_context, retrying
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from app.storage.streams import BoundedReader, ObjectReader, is_seekable, read_up_to
 
 T = TypeVar("T")
 log = logging.getLogger("app.storage")
 
-EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-EMULATOR_PROJECT = "emulator"  # emulators ignore the project but the client wants one
 RESUMABLE_ALIGNMENT = 256 * 1024  # GCS rejects resumable chunks of other multiples
 SINGLE_REQUEST_MAX = 8 * MiB  # the library's own limit for a one-request upload
-
-_TRANSIENT_API = (
-    api.TooManyRequests,
-    api.InternalServerError,
-    api.BadGateway,
-    api.ServiceUnavailable,
-    api.GatewayTimeout,
-)
-_TRANSIENT_TRANSPORT = (
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    auth_errors.TransportError,
-)
-_TRANSIENT = _TRANSIENT_API + _TRANSIENT_TRANSPORT
-# The library raises its own media errors, which subclass google.resumable_media's while
-# that package is installed; catching both keeps working if either side changes.
-_INVALID_RESPONSE = (InvalidResponse, resumable_media.InvalidResponse)
-_PROVIDER_ERRORS = (
-    api.GoogleAPIError,
-    requests.exceptions.RequestException,
-    auth_errors.GoogleAuthError,
-    *_INVALID_RESPONSE,
-    DataCorruption,
-    resumable_media.DataCorruption,
-)
-
-_clients: dict[str, storage.Client] = {}
-_clients_lock = threading.Lock()
-
-
-def shared_client() -> storage.Client:
-    """One client per process and emulator host: clients are thread-safe for requests and
-    creating one resolves credentials, which is slow. Emulators take no credentials."""
-    emulator = os.environ.get(EMULATOR_ENV, "")
-    with _clients_lock:
-        client = _clients.get(emulator)
-        if client is None:
-            try:
-                if emulator:
-                    client = storage.Client(
-                        project=EMULATOR_PROJECT,
-                        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-                    )
-                else:
-                    client = storage.Client()
-            except _PROVIDER_ERRORS as error:  # no credentials found, say
-                raise translate(error, "create a GCS client") from error
-            _clients[emulator] = client
-        return client
-
-
-def _status(error: BaseException) -> int | None:
-    response = getattr(error, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def translate(error: BaseException, what: str) -> StorageError:
-    """The one place provider errors become StorageError, TransientError or ObjectMissing.
-    Messages carry the operation and the provider's reason, never request headers."""
-    message = f"{what}: {type(error).__name__}: {error}"
-    if isinstance(error, api.NotFound):
-        return ObjectMissing(message)
-    if isinstance(error, api.Forbidden):
-        return PermissionDenied(message)  # rights, a retention policy or a hold
-    if isinstance(error, _TRANSIENT):
-        return TransientError(message)
-    if isinstance(error, api.GoogleAPICallError) and error.code == 408:
-        return TransientError(message)  # request timeout: GCS lists it as retryable
-    if isinstance(error, _INVALID_RESPONSE):
-        status = _status(error)
-        if status is not None and (status == 429 or status >= 500):
-            return TransientError(message)
-        if status == 404:
-            return ObjectMissing(message)
-        if status == 403:
-            return PermissionDenied(message)
-    return StorageError(message)
-
-
-def _read_up_to(reader: BinaryIO, size: int) -> bytes:
-    """At most `size` bytes (fewer at the end of the stream: the upload then says so)."""
-    chunks, left = [], size
-    while left > 0:
-        chunk = reader.read(left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _crc32c(crc: int, data: bytes) -> int:
-    return int(google_crc32c.extend(crc, data))
 
 
 def _hex(b64: str | None) -> str | None:
@@ -170,12 +66,9 @@ def _safe_relative(key: str, prefix: str) -> str:
     return key
 
 
-class _BatchUnsupported(Exception):
-    """The endpoint answered a batch request with something other than one reply a call."""
-
-
 class GcsStorage:
-    """One tier under `gs://bucket/prefix`; key `k` is the object `prefix/k`."""
+    """One tier under `gs://bucket/prefix`; key `k` is the object `prefix/k`. Requests go
+    through `client` when given (a StorageRegistry's), else the process's shared_client()."""
 
     scheme = "gs"
 
@@ -222,7 +115,7 @@ class GcsStorage:
         def attempt() -> T:
             try:
                 return call()
-            except _PROVIDER_ERRORS as error:
+            except PROVIDER_ERRORS as error:
                 raise translate(error, what) from error
 
         return retrying(attempt, what=what, attempts=attempts)
@@ -295,7 +188,23 @@ class GcsStorage:
         blob = self._get(name)
         if blob is None:
             raise ObjectMissing(f"{self._url(name)} does not exist")
-        raw = _RangeReader(self, blob, self.chunk_size)
+        what = f"read {self._url(name)}"
+
+        def fetch(offset: int, count: int | None) -> bytes:
+            end = None if count is None else offset + count - 1
+            data: bytes = self._call(
+                what,
+                lambda: blob.download_as_bytes(
+                    start=offset, end=end, raw_download=True, checksum=None, retry=None
+                ),
+            )
+            return data
+
+        # One generation, the one the metadata GET saw, fetched a range at a time and
+        # checked against its stored crc32c once read to the end.
+        raw = ObjectReader(
+            fetch, what, size=int(blob.size), chunk_size=self.chunk_size, crc32c=_hex(blob.crc32c)
+        )
         return io.BufferedReader(raw, buffer_size=self.chunk_size)
 
     # -- writing -------------------------------------------------------------------------------
@@ -311,10 +220,9 @@ class GcsStorage:
         action as a whole is retried)."""
         name = self._name(key)
         url = self._url(name)
-        seekable = getattr(reader, "seekable", None)
-        start = reader.tell() if callable(seekable) and seekable() else None
+        start = reader.tell() if is_seekable(reader) else None
         if start is None and size <= SINGLE_REQUEST_MAX:
-            reader, start = io.BytesIO(_read_up_to(reader, size)), 0
+            reader, start = io.BytesIO(read_up_to(reader, size)), 0
 
         def attempt() -> None:
             if start is not None:
@@ -327,7 +235,7 @@ class GcsStorage:
                 blob.storage_class = storage_class
             try:
                 blob.upload_from_file(
-                    _UploadStream(reader, size, f"upload {url}"),
+                    BoundedReader(reader, size, f"upload {url}"),
                     size=size,
                     content_type="application/octet-stream",
                     checksum="crc32c",
@@ -412,7 +320,7 @@ class GcsStorage:
                         self._delete_batch(names)
                         deleted += len(names)
                         continue
-                    except _BatchUnsupported as error:
+                    except BatchUnsupported as error:
                         self._batch_deletes = False
                         log.warning(
                             "GCS endpoint mishandles batch requests; deleting one by one",
@@ -442,11 +350,11 @@ class GcsStorage:
                     for name in pending:
                         self._bucket.delete_blob(name, retry=None)
             except (ValueError, api.NotFound, api.MethodNotAllowed) as error:
-                raise _BatchUnsupported(f"{type(error).__name__}: {error}") from error
+                raise BatchUnsupported(f"{type(error).__name__}: {error}") from error
             # finish() keeps each call's reply here when raise_exception is False.
             replies = batch._responses
             if len(replies) != len(pending):
-                raise _BatchUnsupported(f"{len(replies)} replies to {len(pending)} calls")
+                raise BatchUnsupported(f"{len(replies)} replies to {len(pending)} calls")
             again: list[str] = []
             for name, reply in zip(pending, replies, strict=True):
                 status = int(reply.status_code)
@@ -486,96 +394,3 @@ class GcsStorage:
 
     def request_restore(self, key: str, *, days: int = 1) -> None:
         return None
-
-
-class _UploadStream:
-    """What the library's uploads need from a reader: `tell()` counted from 0 (resumable
-    uploads insist on starting there) and `read(n)` giving n bytes until the end (a short
-    read would pass for the last chunk). It stops at `size` and fails as soon as the reader
-    ends early, so a truncated object is never finalised."""
-
-    def __init__(self, reader: BinaryIO, size: int, what: str) -> None:
-        self._reader = reader
-        self._size = size
-        self._what = what
-        self._pos = 0
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = self._size - self._pos
-        want = left if size is None or size < 0 else min(size, left)
-        parts: list[bytes] = []
-        got = 0
-        while got < want:
-            data = self._reader.read(want - got)
-            if not data:
-                raise StorageError(
-                    f"{self._what}: the reader ended after {self._pos + got} of {self._size} bytes"
-                )
-            parts.append(data)
-            got += len(data)
-        self._pos += got
-        return b"".join(parts)
-
-
-class _RangeReader(io.RawIOBase):
-    """One generation of an object, fetched a range at a time: memory stays near
-    `chunk_size`, each range is retried on its own (which a library stream cannot do
-    without losing its buffer), and the crc32c is checked when the end is reached."""
-
-    def __init__(self, owner: GcsStorage, blob: storage.Blob, chunk_size: int) -> None:
-        super().__init__()
-        self._owner = owner
-        self._blob = blob  # from a metadata GET, so its generation is pinned
-        self._size = int(blob.size)
-        self._expected = _hex(blob.crc32c)
-        self._crc = 0
-        self._chunk = chunk_size
-        self._pos = 0
-        self._what = f"read {owner._url(blob.name)}"
-
-    def readable(self) -> bool:
-        return True
-
-    def _fetch(self, count: int) -> bytes:
-        start = self._pos
-
-        def fetch() -> bytes:
-            data: bytes = self._blob.download_as_bytes(
-                start=start, end=start + count - 1, raw_download=True, checksum=None, retry=None
-            )
-            return data
-
-        return self._owner._call(self._what, fetch)
-
-    def _at_end(self) -> None:
-        """Raises on every read once the bytes are known bad, so no caller mistakes it for EOF."""
-        actual = f"{self._crc:08x}"
-        if self._expected is not None and actual != self._expected:
-            raise StorageError(f"{self._what}: crc32c {actual} != stored {self._expected}")
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer).cast("B")
-        if not len(view):
-            return 0
-        count = min(len(view), self._chunk, self._size - self._pos)
-        if count <= 0:
-            self._at_end()
-            return 0
-        data = self._fetch(count)
-        if not data or len(data) > count:
-            raise StorageError(f"{self._what}: asked {count} bytes at {self._pos}, got {len(data)}")
-        view[: len(data)] = data
-        self._crc = _crc32c(self._crc, data)
-        self._pos += len(data)
-        return len(data)
-
-    def readall(self) -> bytes:
-        """RawIOBase reads 8 KiB at a time, which would be a request per 8 KiB."""
-        parts: list[bytes] = []
-        chunk = bytearray(self._chunk)
-        while count := self.readinto(chunk):
-            parts.append(bytes(chunk[:count]))
-        return b"".join(parts)
