@@ -34,6 +34,7 @@ from app.bootstrap import bootstrap_token, load_policies_into
 from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
 from app.settings import Settings, get_settings
+from app.storage.registry import StorageRegistry
 from app.tiers_config import load_tiers
 
 log = logging.getLogger("app.main")
@@ -58,6 +59,7 @@ def create_app(
     *,
     engine: Engine | None = None,
     roles: Roles = SERVE,
+    storages: StorageRegistry | None = None,
 ) -> FastAPI:
     """Build the app. Tiers and policy files are validated here, so a bad file fails at
     start, not on the first request."""
@@ -66,6 +68,7 @@ def create_app(
     engine = engine or make_engine(settings.database_url)
     tier_list = load_tiers(settings)
     factory = make_session_factory(engine)
+    storages = storages or StorageRegistry()  # the tiers' adapters, shared by every request
     runtime = Runtime(
         factory,
         tier_list,
@@ -75,6 +78,7 @@ def create_app(
         worker=roles.worker,
         scheduler=roles.scheduler,
         evaluator=roles.evaluator,
+        storages=storages,
     )
 
     @asynccontextmanager
@@ -90,6 +94,7 @@ def create_app(
         gc.set_threshold(20_000, 20, 20)
         yield
         runtime.stop()
+        storages.close()
         if owns_engine:
             engine.dispose()
 
@@ -106,6 +111,7 @@ def create_app(
     app.state.engine = engine
     app.state.session_factory = factory
     app.state.runtime = runtime
+    app.state.storages = storages
     errors.install(app)
     routers = (runs, checkpoints, lifecycle, policies, tiers, tokens, cost, metrics, reconcile)
     for module in (*routers, audit):

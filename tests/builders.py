@@ -245,10 +245,20 @@ def make_executor(
     clock: Callable[[], datetime] | None = None,
 ) -> Worker:
     """A worker on the app's database and tiers (tests drain it themselves)."""
+    state = app.state
     if clock is None:
-        return Worker(app.state.session_factory, app.state.tiers, trash_retention=trash_retention)
+        return Worker(
+            state.session_factory,
+            state.tiers,
+            trash_retention=trash_retention,
+            storages=state.storages,
+        )
     return Worker(
-        app.state.session_factory, app.state.tiers, trash_retention=trash_retention, clock=clock
+        state.session_factory,
+        state.tiers,
+        trash_retention=trash_retention,
+        clock=clock,
+        storages=state.storages,
     )
 
 

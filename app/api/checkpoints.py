@@ -16,6 +16,7 @@ from app.api.deps import (
     NowDep,
     PrincipalDep,
     SessionDep,
+    StoragesDep,
     TiersDep,
 )
 from app.api.errors import not_json, sent_json
@@ -73,6 +74,7 @@ def register_checkpoint(
     body: Annotated[CheckpointCreate, Depends(_registration)],
     session: SessionDep,
     tiers: TiersDep,
+    storages: StoragesDep,
     principal: PrincipalDep,
     now: NowDep,
     response: Response,
@@ -90,7 +92,13 @@ def register_checkpoint(
         committed=body.committed,
     )
     checkpoint, created = checkpoints.register_checkpoint(
-        session, tiers=tiers, run_id=run_id, reg=registration, actor=principal.actor, now=now
+        session,
+        tiers=tiers,
+        storages=storages,
+        run_id=run_id,
+        reg=registration,
+        actor=principal.actor,
+        now=now,
     )
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -123,6 +131,7 @@ def commit_checkpoint(
     checkpoint_id: str,
     session: SessionDep,
     tiers: TiersDep,
+    storages: StoragesDep,
     principal: PrincipalDep,
     now: NowDep,
     evaluate_later: EvaluateLater,
@@ -132,6 +141,7 @@ def commit_checkpoint(
     checkpoint = checkpoints.commit_checkpoint(
         session,
         tiers=tiers,
+        storages=storages,
         checkpoint_id=checkpoint_id,
         files=_manifest(body.files),
         size_bytes=body.size_bytes,

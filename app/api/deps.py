@@ -21,6 +21,7 @@ from app.domain.access import Principal
 from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.settings import Settings
+from app.storage.registry import StorageRegistry
 
 
 async def _session(request: Request) -> AsyncIterator[Session]:
@@ -105,6 +106,11 @@ async def _runtime(request: Request) -> Background:
     return runtime
 
 
+async def _storages(request: Request) -> StorageRegistry:
+    storages: StorageRegistry = request.app.state.storages
+    return storages
+
+
 async def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -132,6 +138,8 @@ NowDep = Annotated[datetime, Depends(_now)]
 # above is every other route's one transaction).
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(_session_factory)]
 RuntimeDep = Annotated[Background, Depends(_runtime)]
+# The process's storage adapters, one per tier (their clients' connection pools shared).
+StoragesDep = Annotated[StorageRegistry, Depends(_storages)]
 # The caller, checked already by the app-wide `authorize` (FastAPI runs it once a request).
 PrincipalDep = Annotated[Principal, Depends(authorize)]
 EvaluateLater = Annotated[Callable[[str], None], Depends(_evaluate_later)]

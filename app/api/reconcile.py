@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import NowDep, PrincipalDep, SessionFactoryDep, TiersDep
+from app.api.deps import NowDep, PrincipalDep, SessionFactoryDep, StoragesDep, TiersDep
 from app.domain.errors import Invalid
 from app.services.lifecycle import reconcile as service
 
@@ -98,6 +98,7 @@ class OrphanDeleteRead(BaseModel):
 @router.get("/v1/reconcile")
 async def reconcile(
     factory: SessionFactoryDep,
+    storages: StoragesDep,
     tiers: TiersDep,
     principal: PrincipalDep,
     deep: Annotated[
@@ -109,7 +110,7 @@ async def reconcile(
     catalogued files missing or changed (drift; the checkpoint's `health` becomes `drift`).
     Deletes nothing."""
     report = await run_in_threadpool(
-        service.reconcile, factory, tiers, deep=deep, actor=principal.actor
+        service.reconcile, factory, tiers, storages=storages, deep=deep, actor=principal.actor
     )
     return ReconcileRead(
         orphans=[OrphanRead(**asdict(o)) for o in report.orphans],
@@ -121,7 +122,11 @@ async def reconcile(
 
 @router.post("/v1/reconcile/orphans/delete")
 async def delete_orphans(
-    body: OrphanDeleteRequest, factory: SessionFactoryDep, tiers: TiersDep, now: NowDep
+    body: OrphanDeleteRequest,
+    factory: SessionFactoryDep,
+    storages: StoragesDep,
+    tiers: TiersDep,
+    now: NowDep,
 ) -> OrphanDeleteRead:
     """Delete orphans, only when an admin asks: those named (or, with `all`, every one) that
     a fresh scan still finds orphaned and that were written over an hour ago."""
@@ -135,7 +140,7 @@ async def delete_orphans(
             raise Invalid(f"unknown tier {orphan.tier!r}", field=f"orphans[{i}].tier")
     wanted = None if body.all else [(o.tier, o.key) for o in body.orphans or []]
     deleted, refused = await run_in_threadpool(
-        service.delete_orphans, factory, tiers, wanted, now=now
+        service.delete_orphans, factory, tiers, wanted, storages=storages, now=now
     )
     return OrphanDeleteRead(
         deleted=[OrphanRead(**asdict(o)) for o in deleted],

@@ -5,7 +5,7 @@ say what went wrong. A command is a job: it owns its transactions (session_scope
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import typer
 from pydantic import ValidationError
@@ -20,6 +20,7 @@ from app.domain.tier import Tier
 from app.logging import configure_logging
 from app.policy.loading import PolicyFileError, load_policy_files
 from app.settings import Settings, SettingsError, load_settings
+from app.storage.registry import StorageRegistry
 from app.tiers_config import TiersFileError, load_tiers
 
 
@@ -28,6 +29,7 @@ class Catalog:
     settings: Settings
     factory: sessionmaker[Session]
     tiers: list[Tier]
+    storages: StorageRegistry = field(default_factory=StorageRegistry)  # built on first use
 
 
 def checked_settings() -> Settings:

@@ -129,6 +129,7 @@ def _runtime(ctx: Catalog, *, worker: bool, scheduler: bool, evaluator: bool) ->
         worker=worker,
         scheduler=scheduler,
         evaluator=evaluator,
+        storages=ctx.storages,
     )
 
 

@@ -116,7 +116,13 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
             return
         opened = open_catalog(load(), policies=False, pool_size=1)
         with progress(f"reconciling {len(opened.tiers)} tiers with the catalog"):
-            report = service.reconcile(opened.factory, opened.tiers, deep=deep, actor=operator())
+            report = service.reconcile(
+                opened.factory,
+                opened.tiers,
+                storages=opened.storages,
+                deep=deep,
+                actor=operator(),
+            )
         body = scan_document(report)
         if as_json:
             emit_json(body)
@@ -142,7 +148,11 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
         opened = open_catalog(load(), policies=False, pool_size=1)
         with progress("scanning the tiers, then deleting orphans"):
             deleted, refused = service.delete_orphans(
-                opened.factory, opened.tiers, wanted, now=datetime.now(UTC)
+                opened.factory,
+                opened.tiers,
+                wanted,
+                storages=opened.storages,
+                now=datetime.now(UTC),
             )
         body = {
             "deleted": [_orphan(o) for o in deleted],

@@ -19,6 +19,7 @@ from app.services.lifecycle.reconcile import reconcile, turn
 from app.services.lifecycle.sweep import requested_evaluations, run_sweep
 from app.services.lifecycle.trash import enqueue_due_purges
 from app.services.lifecycle.worker import Worker
+from app.storage.registry import StorageRegistry
 
 log = logging.getLogger("app.scheduler")
 PURGE_PERIOD = timedelta(seconds=30)
@@ -44,13 +45,18 @@ class Runtime:
         worker: bool = True,
         scheduler: bool = True,
         evaluator: bool = True,
+        storages: StorageRegistry | None = None,
     ) -> None:
         self.factory = factory
+        # the adapters this process's roles share (the API's routes too, when it serves)
+        self.storages = storages or StorageRegistry()
         self.tiers = tiers
         self.sweep_interval = sweep_interval
         self.trash_retention = trash_retention
         self.reconcile_interval = reconcile_interval
-        self.executor = Worker(factory, tiers, trash_retention=trash_retention)
+        self.executor = Worker(
+            factory, tiers, trash_retention=trash_retention, storages=self.storages
+        )
         self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -145,7 +151,7 @@ class Runtime:
         try:
             with turn(self.factory) as mine:
                 if mine:
-                    reconcile(self.factory, self.tiers)
+                    reconcile(self.factory, self.tiers, storages=self.storages)
                 else:
                     log.info("reconciliation skipped: another scheduler is running one")
         except Exception:

@@ -136,14 +136,3 @@ class StorageRegistry:
 
         gcs = GcsStorage(where.bucket, where.path, client=(self._gcs_client or shared_client)())
         return gcs, None
-
-
-_default = StorageRegistry()
-
-
-def storage_for(tier: Tier) -> Storage:
-    """The adapter of `tier` from one process-wide StorageRegistry.
-
-    Kept for backwards compatibility only: callers are moving to a StorageRegistry handed
-    to them (injected), and this wrapper goes once they have."""
-    return _default.storage_for(tier)

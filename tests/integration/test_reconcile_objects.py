@@ -17,6 +17,7 @@ from google.cloud import storage as gcs
 
 from app.services.lifecycle.reconcile import delete_orphans
 from app.settings import Settings
+from app.storage.registry import StorageRegistry
 from tests.builders import fetch_checkpoint, make_run, register, with_tiers
 from tests.storage.gcs_server import GcsEndpoint
 from tests.storage.gcs_server import new_bucket as new_gcs_bucket
@@ -116,7 +117,7 @@ def test_orphans_and_drift_on_s3_and_gcs(
     # ...and once old enough (here: no grace) deletes exactly those, nothing catalogued.
     factory, tiers = app.state.session_factory, app.state.tiers
     deleted, refused = delete_orphans(
-        factory, tiers, None, now=datetime.now(UTC), grace=timedelta(0)
+        factory, tiers, None, storages=StorageRegistry(), now=datetime.now(UTC), grace=timedelta(0)
     )
     assert sorted(o.key for o in deleted) == ["proj/run-1/step-9/model.bin", "tmp/upload.bin"]
     assert refused == []

@@ -46,6 +46,7 @@ from app.services.catalog.run_totals import add_active
 from app.services.catalog.runs import create_run
 from app.services.lifecycle.ledger import new_action, purge_action
 from app.settings import Settings
+from app.storage.registry import StorageRegistry
 from app.tiers_config import load_tiers
 from tests.figures import FIGURES
 from tests.reliability.worker import WorkerJob, run_worker
@@ -61,6 +62,9 @@ TERMINAL = ("done", "failed", "cancelled")
 ARCHIVED_S3_CLASSES = ("GLACIER", "DEEP_ARCHIVE")
 ACTOR = "test:crash"
 STEP = 10
+
+# The harness's storage adapters (its tiers are local directories).
+STORAGES = StorageRegistry()
 
 
 # --- scenarios ------------------------------------------------------------------------------
@@ -402,6 +406,7 @@ def seed(world: World, factory: sessionmaker[Session], scenario: Scenario) -> Se
         checkpoint, created = register_checkpoint(
             session,
             tiers=list(world.tiers.values()),
+            storages=STORAGES,
             run_id=view.run.id,
             reg=Registration(
                 step=STEP,

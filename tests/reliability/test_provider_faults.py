@@ -30,20 +30,21 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from google.cloud import storage as gcs_lib
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import selectinload
 
 from app.api import auth
 from app.db.models import Action, Checkpoint
 from app.db.session import session_scope
 from app.domain.tier import Tier, locate
+from app.main import NO_BACKGROUND, create_app
 from app.services.lifecycle.worker import Worker
 from app.settings import Settings
-from app.storage import registry, retry
+from app.storage import retry
 from app.storage.base import join_key
 from app.storage.gcs import GcsStorage
 from app.storage.local import LocalStorage
-from app.storage.registry import StorageRegistry, storage_for
+from app.storage.registry import StorageRegistry
 from app.storage.s3 import S3Storage
 from app.storage.s3.client import new_client as new_s3_client
 from tests.builders import (
@@ -105,7 +106,7 @@ def gcs_proxy(fake_gcs: GcsEndpoint) -> Iterator[FaultyProxy]:
 @pytest.fixture
 def quick_clients(
     monkeypatch: pytest.MonkeyPatch, s3_proxy: FaultyProxy, gcs_proxy: FaultyProxy
-) -> Iterator[None]:
+) -> Iterator[StorageRegistry]:
     """The adapters' clients give up reading after READ_TIMEOUT (theirs are minutes long),
     so a request the proxy holds is a real client-side timeout; backoff is instant. The
     service's storage registry is one built with these clients, GCS's aimed at the proxy."""
@@ -122,10 +123,15 @@ def quick_clients(
         s3_client=lambda endpoint, config: new_s3_client(endpoint, config.merge(quick)),
         gcs_client=lambda: client,
     )
-    monkeypatch.setattr(registry, "_default", clients)
     monkeypatch.setattr(retry, "backoff", lambda attempt, **_: 0.001)
-    yield
+    yield clients
     clients.close()
+
+
+@pytest.fixture
+def app(settings: Settings, clean_engine: Engine, quick_clients: StorageRegistry) -> FastAPI:
+    """The service, its storage registry the one with the quick clients."""
+    return create_app(settings, engine=clean_engine, roles=NO_BACKGROUND, storages=quick_clients)
 
 
 @pytest.fixture(autouse=True)
@@ -153,7 +159,7 @@ def settings(
     data_dir: Path,
     buckets: Buckets,
     s3_proxy: FaultyProxy,
-    quick_clients: None,
+    quick_clients: StorageRegistry,
 ) -> Settings:
     tiers = [
         {"name": "hot", "url": f"file://{data_dir / 'hot'}"},
@@ -298,7 +304,7 @@ def guard(
     watch = Guard(app, Direct(tiers, moto_s3, fake_gcs))
 
     def uri_of(adapter: object, prefix: str) -> str:
-        tier = next(t for t in tiers if storage_for(t) is adapter)
+        tier = next(t for t in tiers if app.state.storages.storage_for(t) is adapter)
         return tier.parsed.join(prefix)
 
     for adapter_class in (LocalStorage, S3Storage, GcsStorage):

@@ -14,11 +14,10 @@ from botocore.config import Config
 from google.cloud import storage
 
 from app.domain.tier import Tier
-from app.storage import registry
 from app.storage.gcs import GcsStorage
 from app.storage.gcs import client as gcs_client
 from app.storage.local import LocalStorage
-from app.storage.registry import StorageRegistry, storage_for
+from app.storage.registry import StorageRegistry
 from app.storage.s3 import S3Storage
 from app.storage.s3.client import new_client
 from tests.storage.gcs_server import anonymous_client
@@ -233,9 +232,3 @@ def test_the_least_recently_used_adapter_is_dropped_beyond_the_bound(tmp_path: P
     assert clients.storage_for(b) is not first_b
     with pytest.raises(ValueError):
         StorageRegistry(max_adapters=0)
-
-
-def test_the_module_function_uses_one_default_registry(tmp_path: Path) -> None:
-    tier = Tier(name="hot", url=f"file://{tmp_path}", rank=0)
-    assert storage_for(tier) is storage_for(tier)
-    assert storage_for(tier) is registry._default.storage_for(tier)

@@ -27,6 +27,7 @@ from app.services.catalog.overlap import refuse_overlap
 from app.services.catalog.registration import insert_checkpoint
 from app.services.catalog.run_totals import add_active
 from app.services.catalog.runs import get_run
+from app.storage.registry import StorageRegistry
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
 
@@ -88,6 +89,7 @@ def register_checkpoint(
     session: Session,
     *,
     tiers: list[Tier],
+    storages: StorageRegistry,
     run_id: str,
     reg: Registration,
     actor: str,
@@ -100,7 +102,9 @@ def register_checkpoint(
     that does not exist is a NotFound whatever else is wrong with the registration.
     """
     try:
-        return _register(session, tiers=tiers, run_id=run_id, reg=reg, actor=actor, now=now)
+        return _register(
+            session, tiers=tiers, storages=storages, run_id=run_id, reg=reg, actor=actor, now=now
+        )
     except (Invalid, Conflict):
         # Looked up only when the registration is refused: the insert itself finds a
         # missing run (its foreign key), so the hot path spends no query on it.
@@ -112,6 +116,7 @@ def _register(
     session: Session,
     *,
     tiers: list[Tier],
+    storages: StorageRegistry,
     run_id: str,
     reg: Registration,
     actor: str,
@@ -125,13 +130,15 @@ def _register(
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)
-            return _commit_if_writing(session, existing, reg, located, None, actor, now), False
+            return _commit_if_writing(
+                session, existing, reg, located, None, storages, actor, now
+            ), False
         if reg.committed:
             refuse_overlap(session, located.uri, run_id=run_id, step=reg.step)
-            listed = list_manifest(located)
+            listed = list_manifest(located, storages)
             files, single_file = listed.files, listed.single_file
     elif reg.committed:
-        single_file = check_supplied(located, files)
+        single_file = check_supplied(located, files, storages)
     size = total_size(files, reg.size_bytes)
     values: dict[str, Any] = {
         "id": new_id("ckpt"),
@@ -164,7 +171,9 @@ def _register(
         existing = _by_step(session, run_id, reg.step)
         assert existing is not None  # the conflicting row is committed, or we would have waited
         _check_same_content(existing, reg, located.uri, files)
-        return _commit_if_writing(session, existing, reg, located, files, actor, now), False
+        return _commit_if_writing(
+            session, existing, reg, located, files, storages, actor, now
+        ), False
     # Answer from what was written: no second round trip to read it back.
     checkpoint = Checkpoint(**values)
     checkpoint.locations = [Location(**location)]
@@ -177,6 +186,7 @@ def _commit_if_writing(
     reg: Registration,
     located: Any,
     files: Any,
+    storages: StorageRegistry,
     actor: str,
     now: datetime,
 ) -> Checkpoint:
@@ -184,10 +194,10 @@ def _commit_if_writing(
     if checkpoint.state != CheckpointState.WRITING or not reg.committed:
         return checkpoint
     if files is None:
-        listed = list_manifest(located)
+        listed = list_manifest(located, storages)
         files, single_file = listed.files, listed.single_file
     else:
-        single_file = check_supplied(located, files)
+        single_file = check_supplied(located, files, storages)
     _apply_commit(
         session,
         checkpoint,
@@ -250,6 +260,7 @@ def commit_checkpoint(
     session: Session,
     *,
     tiers: list[Tier],
+    storages: StorageRegistry,
     checkpoint_id: str,
     files: list[dict[str, Any]] | None,
     size_bytes: int | None,
@@ -271,10 +282,10 @@ def commit_checkpoint(
         raise Conflict(f"checkpoint is {checkpoint.state}, not writing", field="state")
     located = locate(checkpoint.uri, tiers)
     if manifest is None:
-        listed = list_manifest(located)
+        listed = list_manifest(located, storages)
         manifest, single_file = listed.files, listed.single_file
     else:
-        single_file = check_supplied(located, manifest)
+        single_file = check_supplied(located, manifest, storages)
     _apply_commit(
         session,
         checkpoint,

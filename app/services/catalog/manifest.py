@@ -14,7 +14,7 @@ from app.storage.base import (
     StorageError,
     UnsafePath,
 )
-from app.storage.registry import storage_for
+from app.storage.registry import StorageRegistry
 
 Manifest = list[dict[str, Any]]
 
@@ -51,11 +51,11 @@ def _entry(path: str, info: ObjectInfo) -> dict[str, Any]:
     }
 
 
-def list_manifest(located: Located) -> Listed:
+def list_manifest(located: Located, storages: StorageRegistry) -> Listed:
     """List a checkpoint's files where it lives: every object under the uri's prefix, or
     the one object the uri names (a single-file checkpoint). Refuses a missing or empty
     location."""
-    storage = storage_for(located.tier)
+    storage = storages.storage_for(located.tier)
     try:
         try:
             infos = storage.list_prefix(located.key)
@@ -83,7 +83,7 @@ def _names_itself(located: Located, files: Manifest) -> bool:
     return len(files) == 1 and files[0]["path"] == basename(located.key)
 
 
-def check_supplied(located: Located, files: Manifest) -> bool:
+def check_supplied(located: Located, files: Manifest, storages: StorageRegistry) -> bool:
     """Check a manifest a job sent for a committed checkpoint; returns whether the uri
     names one object (its manifest then is that one file, by its base name).
 
@@ -92,7 +92,7 @@ def check_supplied(located: Located, files: Manifest) -> bool:
     manifest of one file named like the uri's last segment is a single-file checkpoint."""
     if not located.tier.is_local:
         return _names_itself(located, files)
-    storage = storage_for(located.tier)
+    storage = storages.storage_for(located.tier)
     single = not storage.prefix_exists(located.key)
     if single and storage.head(located.key) is None:
         raise Invalid(f"{located.uri!r} does not exist", field="uri")

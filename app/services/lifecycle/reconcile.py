@@ -49,7 +49,7 @@ from app.storage.base import (
     ObjectMissing,
     Storage,
 )
-from app.storage.registry import storage_for
+from app.storage.registry import StorageRegistry
 
 log = logging.getLogger("app.reconcile")
 
@@ -167,7 +167,13 @@ def _read_checksums(storage: Storage, key: str, names: list[str]) -> dict[str, s
     return found
 
 
-def scan(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = False) -> Report:
+def scan(
+    factory: sessionmaker[Session],
+    tiers: list[Tier],
+    *,
+    storages: StorageRegistry,
+    deep: bool = False,
+) -> Report:
     """One read-only pass over every tier and the catalog. Checksums are compared where the
     provider reports them; `deep` also reads the bytes of the files where it does not."""
     report = Report()
@@ -176,7 +182,7 @@ def scan(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = Fals
     groups = _storage_groups(tiers)
     for url, group in groups.items():
         try:
-            found = _list_tier(storage_for(group[0]))
+            found = _list_tier(storages.storage_for(group[0]))
         except Exception as error:
             for member in group:
                 report.unreachable[member.name] = f"{type(error).__name__}: {error}"
@@ -206,7 +212,7 @@ def scan(factory: sessionmaker[Session], tiers: list[Tier], *, deep: bool = Fals
         for entry in place.files:
             uri = place.file_uri(entry["path"])
             key = uri[len(base) :].lstrip("/")
-            problem = _problem(entry, present.get(uri), storage_for(owner), key, deep)
+            problem = _problem(entry, present.get(uri), storages.storage_for(owner), key, deep)
             if problem is not None:
                 report.drift.append(Drift(place.checkpoint_id, place.tier, key, uri, problem))
     report.drift.extend(_overlaps(placed, by_name))
@@ -265,11 +271,12 @@ def reconcile(
     factory: sessionmaker[Session],
     tiers: list[Tier],
     *,
+    storages: StorageRegistry,
     deep: bool = False,
     actor: str = RECONCILE_ACTOR,
 ) -> Report:
     """Scan, then record the checkpoints' health: the scheduled job and `GET /v1/reconcile`."""
-    report = scan(factory, tiers, deep=deep)
+    report = scan(factory, tiers, storages=storages, deep=deep)
     record_health(factory, report, actor=actor, now=datetime.now(UTC))
     log.info(
         "reconciled",
@@ -288,13 +295,14 @@ def delete_orphans(
     tiers: list[Tier],
     wanted: Iterable[tuple[str, str]] | None,
     *,
+    storages: StorageRegistry,
     now: datetime,
     grace: timedelta = ORPHAN_GRACE,
 ) -> tuple[list[Orphan], list[tuple[str, str, str]]]:
     """Delete orphans an admin named (`(tier, key)` pairs; None: every orphan), but only
     those a fresh scan still finds orphaned and last written before `now - grace`.
     Returns the deleted ones and the refused ones with why."""
-    report = scan(factory, tiers)
+    report = scan(factory, tiers, storages=storages)
     current = {(o.tier, o.key): o for o in report.orphans}
     names = list(current) if wanted is None else list(dict.fromkeys(wanted))
     deleted: list[Orphan] = []
@@ -310,7 +318,7 @@ def delete_orphans(
             by_tier[tier_name].append(orphan)
     tiers_by_name = {t.name: t for t in tiers}
     for tier_name, orphans in by_tier.items():
-        storage_for(tiers_by_name[tier_name]).delete_keys(o.key for o in orphans)
+        storages.storage_for(tiers_by_name[tier_name]).delete_keys(o.key for o in orphans)
         deleted.extend(orphans)
         log.info(
             "orphans deleted",

@@ -34,6 +34,7 @@ from app.services.lifecycle.placement import (
     remove_location,
 )
 from app.storage.base import Storage, join_key
+from app.storage.registry import StorageRegistry
 from app.storage.transfer import VerificationFailed, change_class, copy_files, verify_files
 
 log = logging.getLogger("app.worker")
@@ -48,7 +49,7 @@ class Context:
 
     factory: sessionmaker[Session]
     tiers: list[Tier]
-    storage_for: Callable[[Tier], Storage]
+    storages: StorageRegistry
     owner: str
     clock: Callable[[], datetime]
     trash_retention: timedelta
@@ -59,7 +60,7 @@ class Context:
 
     def storage(self, uri: str) -> tuple[Storage, str]:
         located = locate(uri, self.tiers)
-        return self.storage_for(located.tier), located.key
+        return self.storages.storage_for(located.tier), located.key
 
 
 class Progress:

@@ -20,8 +20,8 @@ from app.domain.tier import Tier
 from app.services.lifecycle import ledger, steps, trash
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import MAX_ATTEMPTS
-from app.storage.base import Storage, StorageError, is_permanent
-from app.storage.registry import storage_for as default_storage_for
+from app.storage.base import StorageError, is_permanent
+from app.storage.registry import StorageRegistry
 from app.storage.retry import counting_retries
 from app.storage.transfer import VerificationFailed
 
@@ -75,7 +75,7 @@ class Worker:
         trash_retention: timedelta,
         owner: str | None = None,
         clock: Callable[[], datetime] = _utcnow,
-        storage_for: Callable[[Tier], Storage] = default_storage_for,
+        storages: StorageRegistry | None = None,
     ) -> None:
         self.factory = factory
         self.tiers = tiers
@@ -84,7 +84,7 @@ class Worker:
         self.context = steps.Context(
             factory=factory,
             tiers=tiers,
-            storage_for=storage_for,
+            storages=storages or StorageRegistry(),
             owner=self.owner,
             clock=clock,
             trash_retention=trash_retention,
