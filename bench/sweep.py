@@ -39,8 +39,8 @@ from app.db.session import make_engine, make_session_factory  # noqa: E402
 from app.domain.tier import Tier  # noqa: E402
 from app.policy.loading import validate_policy  # noqa: E402
 from app.services.catalog.policies import store_policy  # noqa: E402
-from app.services.lifecycle.sweep import run_sweep  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
+from app.services.lifecycle.sweep import run_sweep  # noqa: E402
 
 PG_HOST = os.environ.get("CKPT_BENCH_PG_HOST", "127.0.0.1")
 ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"

@@ -29,8 +29,8 @@ def make_run(
     body = {"project": project, "name": name, "started_at": RUNS_START, **extra}
     response = client.post("/v1/runs", json=body)
     assert response.status_code in (200, 201), response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def write_checkpoint(tier_dir: Path, relative: str, files: dict[str, bytes] | None = None) -> str:
@@ -69,8 +69,8 @@ def make_checkpoint(
     """Register a checkpoint that must be accepted as new (201) and return it."""
     response = register(client, run_id, step, uri, klass, **extra)
     assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def names_field(reported: str, field: str) -> bool:
@@ -144,7 +144,7 @@ def file_entries(files: dict[str, bytes], *, checksums: bool = True) -> list[dic
 
 def step_dir(data_dir: Path, tier: str, run: dict[str, Any], step: int) -> Path:
     """Where the service places a step on a default local tier."""
-    return data_dir / tier / run["project"] / run["name"] / f"step-{step}"
+    return data_dir / tier / str(run["project"]) / str(run["name"]) / f"step-{step}"
 
 
 def place_checkpoint(
@@ -177,8 +177,8 @@ def place_checkpoint(
         **extra,
     )
     assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -202,15 +202,15 @@ def end_run(
         f"/v1/runs/{run_id}", json={"status": status, "ended_at": iso(ended_at)}
     )
     assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def fetch_checkpoint(client: TestClient | httpx.Client, checkpoint_id: str) -> dict[str, Any]:
     response = client.get(f"/v1/checkpoints/{checkpoint_id}")
     assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def ledger(client: TestClient | httpx.Client, **filters: Any) -> list[dict[str, Any]]:
@@ -234,8 +234,8 @@ def put_policy(client: TestClient | httpx.Client, text: str) -> dict[str, Any]:
         f"/v1/policies/{name}", content=text, headers={"content-type": "application/yaml"}
     )
     assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    created: dict[str, Any] = response.json()
+    return created
 
 
 def make_executor(

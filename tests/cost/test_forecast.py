@@ -292,9 +292,11 @@ def naive_replay(spec: ForecastSpec, rules: Policy) -> list[dict[str, int]]:
             if a.kind == "delete":
                 del live[c.id]
             elif a.kind == "move":
+                assert a.to_tier is not None
                 held = (c.tiers - {c.tier}) | {a.to_tier}
                 live[c.id] = c._replace(tier=a.to_tier, tiers=frozenset(held))
             else:
+                assert a.to_tier is not None
                 live[c.id] = c._replace(tiers=c.tiers | {a.to_tier})
 
     at: dict[Any, list[str]] = {}

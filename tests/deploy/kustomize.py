@@ -195,7 +195,7 @@ def _set_image(image: str, rules: list[Doc]) -> str:
             if "digest" in rule:
                 return f"{new}@{rule['digest']}"
             tag = rule.get("newTag", image[len(name) + 1 :] if image != name else "")
-            return f"{new}:{tag}" if tag else new
+            return f"{new}:{tag}" if tag else str(new)
     return image
 
 

@@ -57,5 +57,7 @@ def image_env() -> dict[str, str]:
     env: dict[str, str] = {}
     for keyword, arguments in dockerfile_stages()[-1]:
         if keyword == "ENV":
-            env.update(pair.split("=", 1) for pair in shlex.split(arguments))
+            for pair in shlex.split(arguments):
+                key, value = pair.split("=", 1)
+                env[key] = value
     return env

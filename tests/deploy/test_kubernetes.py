@@ -68,7 +68,8 @@ def containers(docs: list[Doc]) -> Iterator[tuple[str, Doc, Doc]]:
 def main_container(doc: Doc) -> Doc:
     spec = pod_spec(doc)
     assert spec is not None
-    (container,) = spec["containers"]
+    containers: list[Doc] = spec["containers"]
+    (container,) = containers
     return container
 
 
@@ -90,7 +91,8 @@ def selects(selector: Doc, labels: dict[str, str]) -> bool:
 
 
 def env_value(container: Doc, name: str) -> Doc:
-    (entry,) = [e for e in container.get("env", []) if e["name"] == name]
+    entries: list[Doc] = [e for e in container.get("env", []) if e["name"] == name]
+    (entry,) = entries
     return entry
 
 

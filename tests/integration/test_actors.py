@@ -41,7 +41,7 @@ def actor_of(app: FastAPI, name: str, scopes: tuple[str, ...], *projects: str) -
 
 def sweep_actors(engine: Engine) -> dict[str, str | None]:
     with engine.connect() as connection:
-        return dict(connection.execute(select(Sweep.trigger, Sweep.actor)).all())  # type: ignore[arg-type]
+        return dict(connection.execute(select(Sweep.trigger, Sweep.actor)).tuples().all())
 
 
 def test_a_training_job_s_token_is_recorded_on_its_runs_and_checkpoints(

@@ -179,7 +179,7 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
     sweep = admin.post("/v1/sweeps", json={})
     assert sweep.status_code == 202, sweep.text
     params: dict[str, dict[str, str]] = {}
-    projects: dict[str, str] = {}
+    project_of: dict[str, str] = {}
     for side in SIDES:
         project = f"proj-{side}"
         run = admin.post("/v1/runs", json={"project": project, "name": "run-1"}).json()
@@ -190,7 +190,7 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
         victim_id, _ = issue_token(
             auth_app, name=f"victim-{side}", scopes=("read",), projects=("*",)
         )
-        projects[side] = project
+        project_of[side] = project
         params[side] = {
             "run_id": run["id"],
             "checkpoint_id": checkpoint["id"],
@@ -199,7 +199,7 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
             "name": "matrix",
             "token_id": victim_id,
         }
-    yield World(auth_app, secrets, params, projects, data_dir)
+    yield World(auth_app, secrets, params, project_of, data_dir)
 
 
 BodyMaker = Callable[[World, str], Any]
@@ -258,7 +258,7 @@ def concrete(path: str, values: dict[str, str]) -> str:
 
 def call(world: World, caller: str, method: str, path: str, side: str) -> httpx.Response:
     body = BODIES.get((method, path))
-    response = world.client(caller).request(
+    response: httpx.Response = world.client(caller).request(
         method,
         concrete(path, world.params[side]),
         json=body(world, side) if body is not None else None,

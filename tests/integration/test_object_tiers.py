@@ -4,6 +4,7 @@ served by real S3 and GCS servers the suite starts itself."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs
+from mypy_boto3_s3.literals import StorageClassType
 
 from app.settings import Settings
 from app.storage import transfer
@@ -153,7 +155,9 @@ def drain_all(app: FastAPI, *, retention: timedelta = timedelta(0)) -> None:
     later = datetime.now(UTC)
     for _ in range(10):
         later += timedelta(seconds=31)
-        executor = make_executor(app, trash_retention=retention, clock=lambda m=later: m)
+        executor = make_executor(
+            app, trash_retention=retention, clock=functools.partial(_at, later)
+        )
         if executor.drain() == 0:
             return
 
@@ -214,7 +218,14 @@ def test_default_policy_across_local_s3_and_gcs(
     assert tree(step_dir(data_dir, "hot", run, 100)) == shards(100)
 
 
-def upload_s3(buckets: Buckets, bucket: str, prefix: str, files: dict[str, bytes], klass: str):
+def _at(moment: datetime) -> datetime:
+    """A clock stopped at `moment`."""
+    return moment
+
+
+def upload_s3(
+    buckets: Buckets, bucket: str, prefix: str, files: dict[str, bytes], klass: StorageClassType
+) -> None:
     for path, data in files.items():
         buckets.s3.put_object(Bucket=bucket, Key=f"{prefix}/{path}", Body=data, StorageClass=klass)
 
@@ -428,7 +439,7 @@ def test_a_slow_restore_is_polled_at_least_every_30_seconds(
         moment = datetime.now(UTC)
         steps: list[str | None] = []
         for _ in range(30):
-            make_executor(app, clock=lambda m=moment: m).drain()
+            make_executor(app, clock=functools.partial(_at, moment)).drain()
             with session_scope(app.state.session_factory) as session:
                 action = session.execute(
                     select(Action).where(Action.id == restore["id"])

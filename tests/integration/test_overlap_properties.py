@@ -98,7 +98,11 @@ class World:
                     Location.checkpoint_id == other["id"], Location.role == "primary"
                 )
             ).scalar_one()
-            values = {"uri": uri, "files": source.files, "single_file": source.single_file}
+            values: dict[str, Any] = {
+                "uri": uri,
+                "files": source.files,
+                "single_file": source.single_file,
+            }
             values["size_bytes"] = source.size_bytes
             session.execute(update(Checkpoint).where(Checkpoint.id == one["id"]).values(values))
             session.execute(

@@ -35,7 +35,7 @@ def test_secrets_never_leak(
 
     def ask(secret: str | None, method: str, path: str, **kwargs: object) -> httpx.Response:
         headers = {"Authorization": f"Bearer {secret}"} if secret is not None else {}
-        response = auth_client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]
+        response: httpx.Response = auth_client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]
         answers.append(response)
         return response
 

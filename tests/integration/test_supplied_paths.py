@@ -126,8 +126,12 @@ def test_a_missing_source_fails_the_action_at_once(
 def test_s3_refusals_that_cannot_heal_are_permanent(
     code: str, status: int, expected: type[StorageError]
 ) -> None:
+    response: Any = {
+        "Error": {"Code": code, "Message": "m"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
     error = ClientError(
-        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        response,
         "DeleteObject",
     )
     translated = translate(error, "DeleteObject s3://b/k")

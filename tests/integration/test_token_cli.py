@@ -9,6 +9,7 @@ import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -24,10 +25,10 @@ from tests.integration.test_cli import (
     CKPT,
     Served,
     ckpt_env,
-    free_port,
     run_ckpt,
     wait_until_healthy,
 )
+from tests.storage.ports import free_port
 
 Ckpt = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -42,7 +43,7 @@ def ckpt(database_url: str, clean_engine: Engine, tmp_path: Path) -> Ckpt:
             cwd=tmp_path,
             CKPT_DATABASE_URL=database_url,
             CKPT_DATA_DIR=str(tmp_path / "data"),
-            **{"COLUMNS": "250", **variables},
+            **cast(dict[str, Any], {"COLUMNS": "250", **variables}),
         )
 
     return run

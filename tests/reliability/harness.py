@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import google_crc32c
 import yaml
@@ -54,6 +54,7 @@ from tests.reliability.worker import WorkerJob, run_worker
 if TYPE_CHECKING:
     from google.cloud import storage as gcs
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.literals import StorageClassType
 
 KILLED = -9  # a child's exit code after SIGKILL
 LEASE_PASSED = timedelta(seconds=61)  # each worker's clock is this much past the previous one's
@@ -212,7 +213,10 @@ def put_object(world: World, tier: Tier, uri: str, data: bytes) -> None:
     elif scheme == "s3":
         assert world.s3 is not None
         world.s3.put_object(
-            Bucket=bucket, Key=key, Body=data, StorageClass=tier.storage_class or "STANDARD"
+            Bucket=bucket,
+            Key=key,
+            Body=data,
+            StorageClass=cast("StorageClassType", tier.storage_class or "STANDARD"),
         )
     else:
         assert world.gcs is not None

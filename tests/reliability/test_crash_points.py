@@ -142,7 +142,7 @@ def steps_without_a_point(source: str) -> list[str]:
 
 def placed_points(source: str) -> list[str]:
     return [
-        node.args[0].value
+        str(node.args[0].value)
         for node in ast.walk(ast.parse(source))
         if _called(node) == "crash_point"
         and isinstance(node, ast.Call)

@@ -117,7 +117,7 @@ def anonymous_client(url: str) -> storage.Client:
     """A client of its own aimed at `url` (the emulator or a proxy in front of it)."""
     return storage.Client(
         project=PROJECT,
-        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        credentials=AnonymousCredentials(),
         client_options={"api_endpoint": url},
     )
 

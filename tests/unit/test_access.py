@@ -28,7 +28,7 @@ def test_a_scope_grants_the_ones_below_it(scopes: list[str], expected: set[str])
 
 def test_projects_bound_read_and_register_tokens_only() -> None:
     reader = token_principal("tok_1", "reader", ["read"], ["llama", "gpt"])
-    assert reader.projects == {"llama", "gpt"}
+    assert reader.projects == frozenset({"llama", "gpt"})
     assert reader.sees("llama") and not reader.sees("bert")
     assert reader.allows("read") and not reader.allows("register")
     assert reader.actor == "token:tok_1:reader"

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.storage import retry
+from app.storage.base import TransientError
 from app.storage.limits import (
     S3_MAX_OBJECT,
     S3_MAX_PART,
@@ -81,7 +82,7 @@ def test_retrying_gives_up_after_its_attempts_and_retries_only_transient_errors(
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
-            raise retry.TransientError("503 SlowDown")
+            raise TransientError("503 SlowDown")
         return "ok"
 
     assert retry.retrying(flaky, what="test", sleep=slept.append) == "ok"
@@ -91,9 +92,9 @@ def test_retrying_gives_up_after_its_attempts_and_retries_only_transient_errors(
 
     def always() -> None:
         calls.append(1)
-        raise retry.TransientError("503")
+        raise TransientError("503")
 
-    with pytest.raises(retry.TransientError):
+    with pytest.raises(TransientError):
         retry.retrying(always, what="test", attempts=4, sleep=slept.append)
     assert len(calls) == 4
 

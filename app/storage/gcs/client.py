@@ -31,7 +31,7 @@ def shared_client() -> storage.Client:
                 if emulator:
                     client = storage.Client(
                         project=EMULATOR_PROJECT,
-                        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+                        credentials=AnonymousCredentials(),
                     )
                 else:
                     client = storage.Client()
