@@ -74,7 +74,6 @@ RECONCILE_LAST = Gauge(
     "When this process last finished a reconciliation (Unix time).",
 )
 
-FINAL_STATES = frozenset(states.FINAL_STATES)
 # URL scheme of a tier -> the provider label of every metric here
 _PROVIDERS = {"file": "local", "s3": "s3", "gs": "gcs"}
 
@@ -93,7 +92,7 @@ def action_executed(kind: str, state: str, retries: int) -> None:
     """One execution of an action ended, leaving it in `state` after `retries` storage retries."""
     if retries:
         ACTION_RETRIES.labels(kind=kind).inc(retries)
-    if state in FINAL_STATES:
+    if state in states.FINAL_STATES:
         ACTIONS_FINISHED.labels(kind=kind, state=state).inc()
 
 

@@ -19,10 +19,7 @@ from sqlalchemy.orm import Session
 from app.db.dialect import byte_range
 from app.db.models import Checkpoint, Location
 from app.domain.errors import Conflict
-from app.domain.states import LIVE_STATES
-
-# A checkpoint whose bytes someone still counts on: reserved, active or in the trash.
-LIVE = LIVE_STATES
+from app.domain.states import LIVE_STATES  # reserved, active or in the trash
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +88,7 @@ def find_overlap(
     stmt = (
         select(found.c.checkpoint_id, found.c.uri)
         .join(Checkpoint, Checkpoint.id == found.c.checkpoint_id)
-        .where(Checkpoint.state.in_(LIVE))
+        .where(Checkpoint.state.in_(LIVE_STATES))
         .order_by(found.c.id)
         .limit(1)
     )

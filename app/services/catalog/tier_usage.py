@@ -11,8 +11,6 @@ from app.db.models import Checkpoint, Location
 from app.domain.states import STORED_STATES
 from app.services.catalog.runs import runs_in
 
-BILLED_STATES = STORED_STATES  # trashed bytes are still on disk and still billed
-
 
 def tier_usage(
     session: Session, *, projects: Collection[str] | None = None
@@ -22,7 +20,7 @@ def tier_usage(
     stmt = (
         select(Location.tier, func.coalesce(func.sum(Checkpoint.size_bytes), 0), func.count())
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
-        .where(Checkpoint.state.in_(BILLED_STATES))
+        .where(Checkpoint.state.in_(STORED_STATES))  # trashed bytes are still billed
         .group_by(Location.tier)
     )
     if projects is not None:

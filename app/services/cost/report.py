@@ -12,9 +12,8 @@ from sqlalchemy.orm import Session
 
 from app.cost.prices import PriceQuote, effective_price
 from app.db.models import Checkpoint, Location, Project, Run
-from app.domain.states import CheckpointState
+from app.domain.states import STORED_STATES, CheckpointState
 from app.domain.tier import Tier
-from app.services.catalog.tier_usage import BILLED_STATES
 
 GroupBy = Literal["tier", "project", "run", "class"]
 GROUPS: tuple[GroupBy, ...] = ("tier", "project", "run", "class")
@@ -63,7 +62,7 @@ def _scoped(
         stmt.join(Location, Location.checkpoint_id == Checkpoint.id)
         .join(Run, Run.id == Checkpoint.run_id)
         .join(Project, Project.id == Run.project_id)
-        .where(Checkpoint.state.in_(BILLED_STATES))
+        .where(Checkpoint.state.in_(STORED_STATES))
     )
     if project is not None:
         stmt = stmt.where(Project.name == project)

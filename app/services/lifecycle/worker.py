@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
-from app.domain.states import ActionKind, ActionState
+from app.domain.states import FINAL_STATES, ActionKind, ActionState
 from app.domain.tier import Tier
 from app.services.lifecycle import ledger, steps, trash
 from app.services.lifecycle.crash import crash_point
@@ -51,7 +51,7 @@ def record_retries(factory: sessionmaker[Session], action_id: str, retries: int)
     is done, failed or cancelled)."""
     kind, state, attempts, total = ledger.add_retries(factory, action_id, retries)
     metrics.action_executed(kind, state, retries)
-    finished = state in metrics.FINAL_STATES
+    finished = state in FINAL_STATES
     log.info(
         "action finished" if finished else "action attempt ended",
         extra={
