@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from app.settings import ENV_PREFIX, Settings
 
@@ -20,6 +24,39 @@ def unknown_settings(names: Iterable[str]) -> list[str]:
     """The CKPT_* names among `names` that no setting reads: a typo there is silently ignored
     by the service, so a deployment would run on a default it meant to change."""
     return sorted({n for n in names if n.startswith(ENV_PREFIX)} - SETTINGS_VARIABLES)
+
+
+Doc = dict[str, Any]
+WORKLOADS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job"})
+
+
+def render(kustomization: Path) -> list[Doc]:
+    """Every document `kubectl kustomize` prints for a kustomization directory: the manifests
+    exactly as `kubectl apply -k` would send them to a cluster."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is missing: the Kubernetes tests render deploy/ with it"
+    built = subprocess.run(
+        [kubectl, "kustomize", str(kustomization)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert built.returncode == 0, f"kubectl kustomize {kustomization}: {built.stderr}"
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
+
+def is_custom(doc: Doc) -> bool:
+    """A custom resource: its API group has a dot and is not one of Kubernetes' own."""
+    group = doc["apiVersion"].rpartition("/")[0]
+    return "." in group and not group.endswith(".k8s.io")
+
+
+def pod_spec(doc: Doc) -> Doc | None:
+    if doc["kind"] in WORKLOADS:
+        spec: Doc = doc["spec"]["template"]["spec"]
+        return spec
+    return None
 
 
 def dev_tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:

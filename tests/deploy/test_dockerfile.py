@@ -22,13 +22,14 @@ import typer.main
 
 from app.cli import cli
 from app.db import migrate
-from tests.deploy.kustomize import pod_spec, render
 from tests.deploy.support import (
     REPO,
     Instruction,
     dev_tool,
     dockerfile_stages,
     image_env,
+    pod_spec,
+    render,
     unknown_settings,
 )
 from tests.storage.ports import free_port

@@ -1,5 +1,5 @@
-"""Kubernetes manifests (deploy/): the base and both overlays rendered as `kustomize build`
-would (tests/deploy/kustomize.py), every document validated against the API schemas of
+"""Kubernetes manifests (deploy/): the base and both overlays rendered by `kubectl kustomize`
+(what `kubectl apply -k` sends), every document validated against the API schemas of
 pinned Kubernetes versions, and what an operator relies on checked on the result."""
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from app.policy.loading import parse_yaml, validate_policy
 from app.settings import Settings, load_settings
 from app.tiers_config import load_tiers
 from tests.builders import issue_token
-from tests.deploy.kustomize import Doc, is_custom, pod_spec, render
-from tests.deploy.support import REPO, unknown_settings
+from tests.deploy.support import REPO, Doc, is_custom, pod_spec, render, unknown_settings
 
 # The oldest cluster version the manifests support (docs/operations.md) and the newest
 # whose schemas kubernetes-validate ships: both are bundled, nothing is downloaded.
