@@ -90,14 +90,23 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def clean_engine(engine: Engine) -> Engine:
-    """The session's database, emptied before the test."""
+    """The session's database, emptied before the test, its sequences started again.
+
+    DELETE, children first, rather than TRUNCATE: a test leaves a few rows, and on
+    PostgreSQL TRUNCATE of every table costs about 50 ms (it rewrites each relation) where
+    these DELETEs and sequence restarts cost about 2. A transaction rolled back per test is
+    not an option: the code under test commits on connections of its own (the job owners),
+    and other processes (workers, commands) must see what a test wrote."""
     tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
+        for table in tables:
+            conn.execute(text(f"DELETE FROM {table}"))
         if conn.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        else:
-            for table in tables:
-                conn.execute(text(f"DELETE FROM {table}"))
+            sequences = conn.execute(
+                text("SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()")
+            ).scalars()
+            for sequence in sequences:
+                conn.execute(text(f'ALTER SEQUENCE "{sequence}" RESTART'))
     return engine
 
 
