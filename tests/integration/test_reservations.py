@@ -4,6 +4,8 @@ aborted by the scheduler once abandoned, and its partial bytes are purged like a
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,9 +13,13 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
+from app.db.models import Checkpoint
 from app.db.session import session_scope
+from app.domain.errors import Conflict
 from app.scheduler.runtime import ABANDONMENT_PERIOD, Runtime
+from app.services.catalog import reservations
 from app.services.lifecycle.trash import enqueue_due_purges
 from app.settings import Settings
 from tests.builders import (
@@ -444,3 +450,74 @@ def test_commit_keepalive_and_abort_need_register_on_the_project(
     files = write_all(data_dir, run, 2)
     committed = as_job.post(f"/v1/checkpoints/{ids[1]}/commit", json={"files": file_entries(files)})
     assert committed.status_code == 200, committed.text
+
+
+# --- a commit and the scheduler at the same moment ---------------------------------------------
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_reservation_being_committed_is_passed_over_by_the_scheduler(
+    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
+) -> None:
+    reserved = reserve(client, data_dir, run, 5)
+    later = at(reserved["reserved_until"]) + timedelta(seconds=1)
+    runtime: Runtime = app.state.runtime
+    with app.state.session_factory() as committing:  # holds the row, as a commit does
+        committing.execute(
+            select(Checkpoint.id).where(Checkpoint.id == reserved["id"]).with_for_update()
+        ).all()
+        assert runtime.abandon(now=later) == []
+        committing.rollback()
+    assert runtime.abandon(now=later) == [reserved["id"]]
+
+
+def race(app: FastAPI, checkpoint_id: str, files: dict[str, bytes], later: datetime) -> bool:
+    """A job's commit and the scheduler's abandonment check at once; whether the commit
+    took effect (and then the scheduler aborted nothing), checked both ways."""
+    runtime: Runtime = app.state.runtime
+    start = threading.Barrier(2)
+
+    def commit() -> bool:
+        with session_scope(app.state.session_factory) as session:
+            start.wait()
+            try:
+                reservations.commit_checkpoint(
+                    session,
+                    tiers=app.state.tiers,
+                    storages=app.state.storages,
+                    checkpoint_id=checkpoint_id,
+                    files=file_entries(files),
+                    size_bytes=None,
+                    metrics=None,
+                    actor="job",
+                    now=datetime.now(UTC),
+                )
+            except Conflict:
+                return False
+            return True
+
+    def abandon() -> list[str]:
+        start.wait()
+        return runtime.abandon(now=later)
+
+    with ThreadPoolExecutor(2) as pool:
+        committed, aborted = pool.submit(commit), pool.submit(abandon)
+        won = committed.result(timeout=60)
+        lost = aborted.result(timeout=60) == [checkpoint_id]
+    assert won != lost, (won, lost)
+    return won
+
+
+def test_a_commit_racing_the_scheduler_takes_effect_or_is_refused_never_both(
+    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
+) -> None:
+    for step in range(1, 7):
+        reserved = reserve(client, data_dir, run, step)
+        files = write_all(data_dir, run, step)
+        later = at(reserved["reserved_until"]) + timedelta(seconds=1)
+
+        won = race(app, reserved["id"], files, later)
+
+        assert fetch_checkpoint(client, reserved["id"])["state"] == ("active" if won else "trashed")
+        trail = [e["event"] for e in audit_events(client, reserved["id"])]
+        assert trail == ["reserved", "committed" if won else "aborted"]
