@@ -1,11 +1,11 @@
 """Reservations, the life of an asynchronous save (DESIGN section 12): a `writing`
 checkpoint lives until its `reserved_until`, is kept alive, committed or aborted by its job,
-aborted by the scheduler once abandoned, and its partial bytes are purged like a delete's."""
+and the partial bytes of an aborted one are purged like a delete's. The scheduler's side
+(abandoned reservations) is in test_abandoned_reservations.py, the race with the rolling
+prune in test_reservation_race.py."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,31 +13,31 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
-from app.db.models import Checkpoint
 from app.db.session import session_scope
-from app.domain.errors import Conflict
-from app.scheduler.runtime import ABANDONMENT_PERIOD, Runtime
-from app.services.catalog import reservations
+from app.scheduler.runtime import Runtime
 from app.services.lifecycle.trash import enqueue_due_purges
 from app.settings import Settings
 from tests.builders import (
-    ago,
     assert_problem,
+    audit_events,
+    checkpoint_post,
     fetch_checkpoint,
     file_entries,
-    iso,
+    instant,
     issue_token,
     ledger,
     make_executor,
     make_run,
     place_checkpoint,
     register,
+    reserve,
     step_dir,
     step_files,
     token_client,
     tree,
+    write_all,
+    write_partial,
 )
 
 TTL = timedelta(minutes=10)  # not the default: the setting is what counts
@@ -54,48 +54,6 @@ def run(client: TestClient) -> dict[str, Any]:
     return make_run(client)
 
 
-def at(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def reserve(client: TestClient, data_dir: Path, run: dict[str, Any], step: int) -> dict[str, Any]:
-    """Reserve `step` where the service would place it (nothing written there yet)."""
-    uri = f"file://{step_dir(data_dir, 'hot', run, step).resolve()}"
-    response = register(client, run["id"], step, uri, committed=False, created_at=iso(ago(hours=1)))
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def write_partial(data_dir: Path, run: dict[str, Any], step: int) -> dict[str, bytes]:
-    """The first shard of a save in flight, on disk; returns every shard the save will have."""
-    files = step_files(step)
-    root = step_dir(data_dir, "hot", run, step)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "shard-0.bin").write_bytes(files["shard-0.bin"])
-    return files
-
-
-def write_all(data_dir: Path, run: dict[str, Any], step: int) -> dict[str, bytes]:
-    files = step_files(step)
-    root = step_dir(data_dir, "hot", run, step)
-    root.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (root / name).write_bytes(data)
-    return files
-
-
-def post(client: TestClient, checkpoint_id: str, verb: str, body: Any = None) -> Any:
-    return client.post(f"/v1/checkpoints/{checkpoint_id}/{verb}", json=body)
-
-
-def audit_events(client: TestClient, checkpoint_id: str) -> list[dict[str, Any]]:
-    response = client.get("/v1/audit", params={"checkpoint_id": checkpoint_id})
-    assert response.status_code == 200, response.text
-    items: list[dict[str, Any]] = response.json()["items"]
-    return items
-
-
 # --- reserved_until ----------------------------------------------------------------------------
 
 
@@ -107,11 +65,11 @@ def test_a_reservation_lasts_the_ttl_and_ends_at_its_commit(
     after = datetime.now(UTC)
 
     assert reserved["state"] == "writing"
-    assert before + TTL <= at(reserved["reserved_until"]) <= after + TTL
+    assert before + TTL <= instant(reserved["reserved_until"]) <= after + TTL
     assert fetch_checkpoint(client, reserved["id"])["reserved_until"] == reserved["reserved_until"]
     files = write_all(data_dir, run, 5)
 
-    committed = post(client, reserved["id"], "commit", {"files": file_entries(files)})
+    committed = checkpoint_post(client, reserved["id"], "commit", {"files": file_entries(files)})
 
     assert committed.status_code == 200, committed.text
     assert committed.json()["state"] == "active"
@@ -131,13 +89,13 @@ def test_keepalive_moves_the_end_of_the_reservation(
     reserved = reserve(client, data_dir, run, 5)
     before = datetime.now(UTC)
 
-    kept = post(client, reserved["id"], "keepalive")
+    kept = checkpoint_post(client, reserved["id"], "keepalive")
 
     assert kept.status_code == 200, kept.text
     body = kept.json()
     assert body["id"] == reserved["id"] and body["state"] == "writing"
-    assert at(body["reserved_until"]) >= before + TTL
-    assert at(body["reserved_until"]) >= at(reserved["reserved_until"])
+    assert instant(body["reserved_until"]) >= before + TTL
+    assert instant(body["reserved_until"]) >= instant(reserved["reserved_until"])
     assert fetch_checkpoint(client, reserved["id"])["reserved_until"] == body["reserved_until"]
 
 
@@ -146,9 +104,9 @@ def test_keepalive_and_abort_refuse_what_is_not_a_reservation(
 ) -> None:
     active = place_checkpoint(client, data_dir, run, 1)
     for verb in ("keepalive", "abort"):
-        body = assert_problem(post(client, active["id"], verb), 409, "state")
+        body = assert_problem(checkpoint_post(client, active["id"], verb), 409, "state")
         assert "active" in body["detail"]
-        assert_problem(post(client, "ckpt_nope", verb), 404, "checkpoint_id")
+        assert_problem(checkpoint_post(client, "ckpt_nope", verb), 404, "checkpoint_id")
     assert fetch_checkpoint(client, active["id"])["state"] == "active"
     assert [e["event"] for e in audit_events(client, active["id"])] == ["registered"]
 
@@ -162,7 +120,7 @@ def test_abort_trashes_the_reservation_and_says_why(
     reserved = reserve(client, data_dir, run, 5)
     partial = write_partial(data_dir, run, 5)
 
-    aborted = post(client, reserved["id"], "abort", {"reason": "out of disk"})
+    aborted = checkpoint_post(client, reserved["id"], "abort", {"reason": "out of disk"})
 
     assert aborted.status_code == 200, aborted.text
     body = aborted.json()
@@ -178,14 +136,14 @@ def test_abort_trashes_the_reservation_and_says_why(
     assert (event["before"]["state"], event["after"]["state"]) == ("writing", "trashed")
     # a second abort, a keepalive or a commit of it: it is no reservation any more
     for verb in ("abort", "keepalive", "commit"):
-        assert_problem(post(client, reserved["id"], verb), 409, "state")
+        assert_problem(checkpoint_post(client, reserved["id"], verb), 409, "state")
 
 
 def test_abort_without_a_body_or_reason(
     client: TestClient, data_dir: Path, run: dict[str, Any]
 ) -> None:
     reserved = reserve(client, data_dir, run, 5)
-    assert post(client, reserved["id"], "abort").json()["state"] == "trashed"
+    assert checkpoint_post(client, reserved["id"], "abort").json()["state"] == "trashed"
     assert audit_events(client, reserved["id"])[-1]["reason"] is None
 
 
@@ -194,14 +152,16 @@ def test_abort_refuses_bad_input_and_a_pinned_reservation(
 ) -> None:
     reserved = reserve(client, data_dir, run, 5)
     assert_problem(
-        post(client, reserved["id"], "abort", {"reason": "x", "force": True}), 422, "force"
+        checkpoint_post(client, reserved["id"], "abort", {"reason": "x", "force": True}),
+        422,
+        "force",
     )
-    assert_problem(post(client, reserved["id"], "abort", {"reason": 5}), 422, "reason")
-    assert_problem(post(client, reserved["id"], "abort", {"reason": ""}), 422, "reason")
-    pinned = post(client, reserved["id"], "pin", {"reason": "the one for the paper"})
+    assert_problem(checkpoint_post(client, reserved["id"], "abort", {"reason": 5}), 422, "reason")
+    assert_problem(checkpoint_post(client, reserved["id"], "abort", {"reason": ""}), 422, "reason")
+    pinned = checkpoint_post(client, reserved["id"], "pin", {"reason": "the one for the paper"})
     assert pinned.status_code == 200, pinned.text
 
-    assert_problem(post(client, reserved["id"], "abort"), 409, "pinned")
+    assert_problem(checkpoint_post(client, reserved["id"], "abort"), 409, "pinned")
 
     assert fetch_checkpoint(client, reserved["id"])["state"] == "writing"
 
@@ -212,7 +172,7 @@ def test_the_partial_bytes_of_an_aborted_save_are_purged_after_the_trash_period(
     reserved = reserve(client, data_dir, run, 5)
     write_partial(data_dir, run, 5)
     kept = place_checkpoint(client, data_dir, run, 4)
-    assert post(client, reserved["id"], "abort").status_code == 200
+    assert checkpoint_post(client, reserved["id"], "abort").status_code == 200
     factory = app.state.session_factory
 
     now = datetime.now(UTC)
@@ -231,91 +191,6 @@ def test_the_partial_bytes_of_an_aborted_save_are_purged_after_the_trash_period(
     assert "purged" in [e["event"] for e in audit_events(client, reserved["id"])]
 
 
-# --- abandoned ---------------------------------------------------------------------------------
-
-
-def test_the_scheduler_aborts_an_abandoned_reservation(
-    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
-) -> None:
-    reserved = reserve(client, data_dir, run, 5)
-    active = place_checkpoint(client, data_dir, run, 4)
-    end = at(reserved["reserved_until"])
-    runtime: Runtime = app.state.runtime
-
-    assert runtime.abandon(now=end - timedelta(seconds=1)) == []  # still alive
-    assert fetch_checkpoint(client, reserved["id"])["state"] == "writing"
-
-    assert runtime.abandon(now=end + timedelta(seconds=1)) == [reserved["id"]]
-
-    body = fetch_checkpoint(client, reserved["id"])
-    assert (body["state"], body["reserved_until"], body["updated_by"]) == (
-        "trashed",
-        None,
-        "system:scheduler",
-    )
-    event = audit_events(client, reserved["id"])[-1]
-    assert (event["event"], event["actor"], event["reason"]) == (
-        "aborted",
-        "system:scheduler",
-        "abandoned",
-    )
-    assert fetch_checkpoint(client, active["id"])["state"] == "active"  # rules' business
-    assert runtime.abandon(now=end + timedelta(hours=1)) == []  # once
-    assert_problem(post(client, reserved["id"], "commit"), 409, "state")
-
-
-def test_a_kept_alive_reservation_outlives_its_first_end(
-    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
-) -> None:
-    """A save that takes longer than the TTL and keeps its reservation alive is not
-    aborted at the first end, and once committed it is no reservation at all."""
-    reserved = reserve(client, data_dir, run, 5)
-    kept = post(client, reserved["id"], "keepalive").json()
-    first_end, new_end = at(reserved["reserved_until"]), at(kept["reserved_until"])
-    assert new_end > first_end
-    runtime: Runtime = app.state.runtime
-
-    assert runtime.abandon(now=first_end + (new_end - first_end) / 2) == []
-
-    files = write_all(data_dir, run, 5)
-    assert post(client, reserved["id"], "commit", {"files": file_entries(files)}).status_code == 200
-    assert runtime.abandon(now=new_end + timedelta(days=1)) == []
-    assert fetch_checkpoint(client, reserved["id"])["state"] == "active"
-
-
-def test_a_pinned_reservation_is_never_abandoned(
-    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
-) -> None:
-    reserved = reserve(client, data_dir, run, 5)
-    assert post(client, reserved["id"], "pin", {"reason": "keep"}).status_code == 200
-    runtime: Runtime = app.state.runtime
-    assert runtime.abandon(now=at(reserved["reserved_until"]) + timedelta(days=1)) == []
-    assert fetch_checkpoint(client, reserved["id"])["state"] == "writing"
-
-
-def test_the_scheduler_checks_for_abandoned_reservations_at_least_every_minute(
-    app: FastAPI, client: TestClient
-) -> None:
-    assert timedelta(minutes=1) >= ABANDONMENT_PERIOD
-    runtime = Runtime(
-        app.state.session_factory,
-        app.state.tiers,
-        sweep_interval=timedelta(hours=1),
-        trash_retention=WEEK,
-        worker=False,
-        evaluator=False,
-        scheduler=True,
-    )
-    runtime.start()
-    try:
-        assert runtime._scheduler is not None
-        job = runtime._scheduler.get_job("abandon")
-        assert job is not None
-        assert job.trigger.interval <= timedelta(minutes=1)
-    finally:
-        runtime.stop()
-
-
 # --- undelete ----------------------------------------------------------------------------------
 
 
@@ -324,25 +199,25 @@ def test_undelete_of_an_aborted_reservation_brings_it_back_writing(
 ) -> None:
     reserved = reserve(client, data_dir, run, 5)
     runtime: Runtime = app.state.runtime
-    clock = at(reserved["reserved_until"]) + timedelta(seconds=1)
+    clock = instant(reserved["reserved_until"]) + timedelta(seconds=1)
     assert runtime.abandon(now=clock) == [reserved["id"]]
     with session_scope(app.state.session_factory) as session:  # its purge is queued
         assert enqueue_due_purges(session, retention=timedelta(0), now=clock) == 1
     before = datetime.now(UTC)
 
-    back = post(client, reserved["id"], "undelete")
+    back = checkpoint_post(client, reserved["id"], "undelete")
 
     assert back.status_code == 200, back.text
     body = back.json()
     assert body["state"] == "writing"  # not active: nobody said its bytes are complete
-    assert at(body["reserved_until"]) >= before + TTL
+    assert instant(body["reserved_until"]) >= before + TTL
     assert body["protected_until"] is None
     # the purge queued for it is withdrawn: the worker leaves its bytes alone
     files = write_all(data_dir, run, 5)
     assert make_executor(app, trash_retention=timedelta(0), clock=lambda: clock).drain() == 0
     assert [a["state"] for a in ledger(client, kind="purge")] == ["cancelled"]
     assert tree(step_dir(data_dir, "hot", run, 5)) == files
-    committed = post(client, reserved["id"], "commit", {"files": file_entries(files)})
+    committed = checkpoint_post(client, reserved["id"], "commit", {"files": file_entries(files)})
     assert committed.status_code == 200, committed.text
     assert committed.json()["state"] == "active"
 
@@ -353,7 +228,7 @@ def test_undelete_of_a_committed_checkpoint_still_brings_it_back_active(
     checkpoint = place_checkpoint(client, data_dir, run, 1)
     assert client.delete(f"/v1/checkpoints/{checkpoint['id']}").status_code == 202
     make_executor(app, trash_retention=WEEK).drain()
-    back = post(client, checkpoint["id"], "undelete").json()
+    back = checkpoint_post(client, checkpoint["id"], "undelete").json()
     assert (back["state"], back["reserved_until"]) == ("active", None)
 
 
@@ -366,7 +241,7 @@ def test_a_reservation_deleted_by_hand_is_a_reservation_again_after_undelete(
     trashed = fetch_checkpoint(client, reserved["id"])
     assert (trashed["state"], trashed["reserved_until"]) == ("trashed", None)
 
-    assert post(client, reserved["id"], "undelete").json()["state"] == "writing"
+    assert checkpoint_post(client, reserved["id"], "undelete").json()["state"] == "writing"
 
 
 # --- registering the same step again -------------------------------------------------------------
@@ -381,7 +256,7 @@ def test_the_same_reservation_again_answers_200_and_renews_it(
 
     assert again.status_code == 200, again.text
     assert again.json()["id"] == reserved["id"] and again.json()["state"] == "writing"
-    assert at(again.json()["reserved_until"]) >= at(reserved["reserved_until"])
+    assert instant(again.json()["reserved_until"]) >= instant(reserved["reserved_until"])
     other_uri = f"file://{step_dir(data_dir, 'hot', run, 6).resolve()}"
     assert_problem(register(client, run["id"], 5, other_uri, committed=False), 409, "step")
 
@@ -413,7 +288,7 @@ def test_registering_a_step_whose_reservation_was_aborted_is_a_conflict(
     way to remove them."""
     reserved = reserve(client, data_dir, run, 5)
     files = write_all(data_dir, run, 5)
-    assert post(client, reserved["id"], "abort").status_code == 200
+    assert checkpoint_post(client, reserved["id"], "abort").status_code == 200
 
     again = register(
         client, run["id"], 5, reserved["uri"], files=file_entries(files), committed=committed
@@ -450,74 +325,3 @@ def test_commit_keepalive_and_abort_need_register_on_the_project(
     files = write_all(data_dir, run, 2)
     committed = as_job.post(f"/v1/checkpoints/{ids[1]}/commit", json={"files": file_entries(files)})
     assert committed.status_code == 200, committed.text
-
-
-# --- a commit and the scheduler at the same moment ---------------------------------------------
-
-
-@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-def test_a_reservation_being_committed_is_passed_over_by_the_scheduler(
-    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
-) -> None:
-    reserved = reserve(client, data_dir, run, 5)
-    later = at(reserved["reserved_until"]) + timedelta(seconds=1)
-    runtime: Runtime = app.state.runtime
-    with app.state.session_factory() as committing:  # holds the row, as a commit does
-        committing.execute(
-            select(Checkpoint.id).where(Checkpoint.id == reserved["id"]).with_for_update()
-        ).all()
-        assert runtime.abandon(now=later) == []
-        committing.rollback()
-    assert runtime.abandon(now=later) == [reserved["id"]]
-
-
-def race(app: FastAPI, checkpoint_id: str, files: dict[str, bytes], later: datetime) -> bool:
-    """A job's commit and the scheduler's abandonment check at once; whether the commit
-    took effect (and then the scheduler aborted nothing), checked both ways."""
-    runtime: Runtime = app.state.runtime
-    start = threading.Barrier(2)
-
-    def commit() -> bool:
-        with session_scope(app.state.session_factory) as session:
-            start.wait()
-            try:
-                reservations.commit_checkpoint(
-                    session,
-                    tiers=app.state.tiers,
-                    storages=app.state.storages,
-                    checkpoint_id=checkpoint_id,
-                    files=file_entries(files),
-                    size_bytes=None,
-                    metrics=None,
-                    actor="job",
-                    now=datetime.now(UTC),
-                )
-            except Conflict:
-                return False
-            return True
-
-    def abandon() -> list[str]:
-        start.wait()
-        return runtime.abandon(now=later)
-
-    with ThreadPoolExecutor(2) as pool:
-        committed, aborted = pool.submit(commit), pool.submit(abandon)
-        won = committed.result(timeout=60)
-        lost = aborted.result(timeout=60) == [checkpoint_id]
-    assert won != lost, (won, lost)
-    return won
-
-
-def test_a_commit_racing_the_scheduler_takes_effect_or_is_refused_never_both(
-    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
-) -> None:
-    for step in range(1, 7):
-        reserved = reserve(client, data_dir, run, step)
-        files = write_all(data_dir, run, step)
-        later = at(reserved["reserved_until"]) + timedelta(seconds=1)
-
-        won = race(app, reserved["id"], files, later)
-
-        assert fetch_checkpoint(client, reserved["id"])["state"] == ("active" if won else "trashed")
-        trail = [e["event"] for e in audit_events(client, reserved["id"])]
-        assert trail == ["reserved", "committed" if won else "aborted"]
