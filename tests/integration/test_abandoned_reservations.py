@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.db.models import Checkpoint
 from app.db.session import session_scope
@@ -104,6 +104,30 @@ def test_a_kept_alive_reservation_outlives_its_first_end(
     )
     assert runtime.abandon(now=new_end + timedelta(days=1)) == []
     assert fetch_checkpoint(client, reserved["id"])["state"] == "active"
+
+
+def test_a_reservation_past_its_end_still_commits_until_the_scheduler_aborts_it(
+    client: TestClient, app: FastAPI, data_dir: Path, run: dict[str, Any]
+) -> None:
+    """The scheduler looks every 30 s: a save that finishes in between is not refused."""
+    late = reserve(client, data_dir, run, 5)
+    kept = reserve(client, data_dir, run, 6)
+    with session_scope(app.state.session_factory) as session:  # both ended a minute ago
+        session.execute(
+            update(Checkpoint)
+            .where(Checkpoint.id.in_([late["id"], kept["id"]]))
+            .values(reserved_until=datetime.now(UTC) - timedelta(minutes=1))
+        )
+    files = write_all(data_dir, run, 5)
+
+    committed = checkpoint_post(client, late["id"], "commit", {"files": file_entries(files)})
+    renewed = checkpoint_post(client, kept["id"], "keepalive")
+
+    assert committed.status_code == 200, committed.text
+    assert renewed.status_code == 200, renewed.text
+    assert instant(renewed.json()["reserved_until"]) > datetime.now(UTC)
+    runtime: Runtime = app.state.runtime
+    assert runtime.abandon(now=datetime.now(UTC)) == []
 
 
 def test_a_pinned_reservation_is_never_abandoned(
