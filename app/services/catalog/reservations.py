@@ -65,6 +65,9 @@ def apply_commit(
     actor: str,
     now: datetime,
 ) -> None:
+    """A `writing` checkpoint becomes `active` with its manifest and size: its run's active
+    totals grow and its evaluation is asked for, audited as `committed`. The caller holds
+    the row (get_checkpoint(for_update=True) or lock_reservation) and has checked the state."""
     was = {
         "state": checkpoint.state,
         "size_bytes": checkpoint.size_bytes,
