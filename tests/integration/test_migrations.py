@@ -160,9 +160,12 @@ def test_reservations_made_before_reserved_until_get_a_full_ttl(
             )
     upgrade(fresh_url)
     with fresh_engine.connect() as connection:
-        rows = dict(
-            connection.execute(select(Checkpoint.id, Checkpoint.reserved_until)).tuples().all()
-        )
+        rows = {
+            checkpoint_id: until
+            for checkpoint_id, until in connection.execute(
+                select(Checkpoint.id, Checkpoint.reserved_until)
+            )
+        }
     assert rows["ckpt_2"] is None
     reserved = rows["ckpt_1"]
     assert reserved is not None
