@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     sweep_interval: Duration = timedelta(minutes=5)
     trash_retention: Duration = timedelta(days=7)
     reconcile_interval: Duration = timedelta(hours=24)  # 0s: only on demand
+    # how long a `writing` reservation lives without a keepalive (DESIGN section 12)
+    reservation_ttl: Duration = timedelta(minutes=30)
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"
@@ -72,6 +74,8 @@ class Settings(BaseSettings):
                 )
         if self.sweep_interval <= timedelta(0):
             raise ValueError("CKPT_SWEEP_INTERVAL must be longer than 0s")
+        if self.reservation_ttl <= timedelta(0):
+            raise ValueError("CKPT_RESERVATION_TTL must be longer than 0s")
         if self.reconcile_interval < timedelta(0):
             raise ValueError("CKPT_RECONCILE_INTERVAL must be 0s (off) or longer")
         if not 0 < self.port < 65536:

@@ -274,6 +274,58 @@ def tier_usage(client: TestClient | httpx.Client) -> dict[str, dict[str, int]]:
     return {t["name"]: t["usage"] for t in response.json()["items"]}
 
 
+# --- reservations: asynchronous saves --------------------------------------------------------
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 timestamp of an answer as a datetime."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def reserve(
+    client: TestClient | httpx.Client, data_dir: Path, run: dict[str, Any], step: int
+) -> dict[str, Any]:
+    """Reserve `step` where the service would place it (nothing written there yet)."""
+    uri = f"file://{step_dir(data_dir, 'hot', run, step).resolve()}"
+    response = register(client, run["id"], step, uri, committed=False, created_at=iso(ago(hours=1)))
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def write_partial(data_dir: Path, run: dict[str, Any], step: int) -> dict[str, bytes]:
+    """The first shard of a save in flight, on disk; returns every shard the save will have."""
+    files = step_files(step)
+    root = step_dir(data_dir, "hot", run, step)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "shard-0.bin").write_bytes(files["shard-0.bin"])
+    return files
+
+
+def write_all(data_dir: Path, run: dict[str, Any], step: int) -> dict[str, bytes]:
+    """Every shard of a save, on disk where the service would place the step."""
+    files = step_files(step)
+    root = step_dir(data_dir, "hot", run, step)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return files
+
+
+def checkpoint_post(
+    client: TestClient | httpx.Client, checkpoint_id: str, verb: str, body: Any = None
+) -> httpx.Response:
+    """POST /v1/checkpoints/{id}/{verb} (commit, keepalive, abort, pin, undelete)."""
+    return client.post(f"/v1/checkpoints/{checkpoint_id}/{verb}", json=body)
+
+
+def audit_events(client: TestClient | httpx.Client, checkpoint_id: str) -> list[dict[str, Any]]:
+    response = client.get("/v1/audit", params={"checkpoint_id": checkpoint_id})
+    assert response.status_code == 200, response.text
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
 # --- access control ---------------------------------------------------------------------------
 
 # Every token secret the tests made. None may appear in any log line of the run (conftest).

@@ -65,6 +65,11 @@ RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
         ("POST", "/v1/checkpoints/{checkpoint_id}/commit"): Rule(
             "register", ProjectFrom.CHECKPOINT
         ),
+        ("POST", "/v1/checkpoints/{checkpoint_id}/keepalive"): Rule(
+            "register", ProjectFrom.CHECKPOINT
+        ),
+        ("POST", "/v1/checkpoints/{checkpoint_id}/abort"): Rule("register", ProjectFrom.CHECKPOINT),
+        ("PATCH", "/v1/checkpoints/{checkpoint_id}"): Rule("register", ProjectFrom.CHECKPOINT),
         # what only an admin does to checkpoints
         ("POST", "/v1/checkpoints/{checkpoint_id}/pin"): ADMIN,
         ("DELETE", "/v1/checkpoints/{checkpoint_id}/pin"): ADMIN,

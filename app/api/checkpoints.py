@@ -1,4 +1,4 @@
-"""Checkpoints: register, commit, list, get, pin."""
+"""Checkpoints: register, commit, keep alive, abort, list, get, update, pin."""
 
 from __future__ import annotations
 
@@ -16,22 +16,26 @@ from app.api.deps import (
     NowDep,
     PrincipalDep,
     SessionDep,
+    SettingsDep,
     StoragesDep,
     TiersDep,
 )
 from app.api.errors import not_json, sent_json
 from app.api.schemas import (
+    AbortRequest,
     CheckpointCommit,
     CheckpointCreate,
     CheckpointRead,
     CheckpointState,
+    CheckpointUpdate,
     FileEntry,
     Name,
     Page,
     PinCreate,
 )
-from app.services.catalog import checkpoints
+from app.services.catalog import checkpoint_update, checkpoints, reservations
 from app.services.catalog.checkpoints import Registration
+from app.services.catalog.lookup import get_checkpoint as find_checkpoint
 
 router = APIRouter(tags=["checkpoints"])
 
@@ -79,6 +83,7 @@ def register_checkpoint(
     now: NowDep,
     response: Response,
     evaluate_later: EvaluateLater,
+    settings: SettingsDep,
 ) -> CheckpointRead:
     registration = Registration(
         step=body.step,
@@ -99,6 +104,7 @@ def register_checkpoint(
         reg=registration,
         actor=principal.actor,
         now=now,
+        reservation_ttl=settings.reservation_ttl,
     )
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -123,7 +129,29 @@ def list_checkpoints(
 
 @router.get("/v1/checkpoints/{checkpoint_id}")
 def get_checkpoint(checkpoint_id: str, session: SessionDep) -> CheckpointRead:
-    return checkpoint_read(checkpoints.get_checkpoint(session, checkpoint_id))
+    return checkpoint_read(find_checkpoint(session, checkpoint_id))
+
+
+@router.patch("/v1/checkpoints/{checkpoint_id}")
+def update_checkpoint(
+    checkpoint_id: str,
+    body: CheckpointUpdate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    evaluate_later: EvaluateLater,
+) -> CheckpointRead:
+    """Re-class it, merge labels and metrics (a key given null is removed); the run is
+    evaluated again. 409 for a deleted checkpoint."""
+    checkpoint = checkpoint_update.update_checkpoint(
+        session,
+        checkpoint_id=checkpoint_id,
+        changes=body.model_dump(exclude_unset=True, by_alias=True),
+        actor=principal.actor,
+        now=now,
+    )
+    evaluate_later(checkpoint.run_id)
+    return checkpoint_read(checkpoint)
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/commit")
@@ -138,7 +166,7 @@ def commit_checkpoint(
     body: CheckpointCommit | None = None,
 ) -> CheckpointRead:
     body = body or CheckpointCommit()  # every field is optional, so is the body
-    checkpoint = checkpoints.commit_checkpoint(
+    checkpoint = reservations.commit_checkpoint(
         session,
         tiers=tiers,
         storages=storages,
@@ -151,6 +179,40 @@ def commit_checkpoint(
     )
     evaluate_later(checkpoint.run_id)
     return checkpoint_read(checkpoint)
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/keepalive")
+def keep_alive(
+    checkpoint_id: str, session: SessionDep, now: NowDep, settings: SettingsDep
+) -> CheckpointRead:
+    """A `writing` checkpoint's reservation lasts `CKPT_RESERVATION_TTL` from now; 409 in
+    any other state."""
+    return checkpoint_read(
+        reservations.keep_alive(
+            session, checkpoint_id=checkpoint_id, ttl=settings.reservation_ttl, now=now
+        )
+    )
+
+
+@router.post("/v1/checkpoints/{checkpoint_id}/abort")
+def abort_checkpoint(
+    checkpoint_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    body: AbortRequest | None = None,
+) -> CheckpointRead:
+    """The save failed: a `writing` checkpoint goes to the trash, and its partial bytes are
+    purged after `CKPT_TRASH_RETENTION`; 409 in any other state, or while pinned."""
+    return checkpoint_read(
+        reservations.abort_reservation(
+            session,
+            checkpoint_id=checkpoint_id,
+            reason=body.reason if body is not None else None,
+            actor=principal.actor,
+            now=now,
+        )
+    )
 
 
 @router.post("/v1/checkpoints/{checkpoint_id}/pin")

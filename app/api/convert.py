@@ -56,4 +56,5 @@ def checkpoint_read(checkpoint: Checkpoint) -> CheckpointRead:
         health=checkpoint.health or "ok",
         health_detail=checkpoint.health_detail,
         protected_until=checkpoint.protected_until,
+        reserved_until=checkpoint.reserved_until,
     )

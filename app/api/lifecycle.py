@@ -233,9 +233,15 @@ def undelete_checkpoint(
     settings: SettingsDep,
 ) -> CheckpointRead:
     """Back from the trash, and protected from policy deletes and moves for
-    `CKPT_TRASH_RETENTION` (`protected_until` in the answer)."""
+    `CKPT_TRASH_RETENTION` (`protected_until` in the answer). An aborted reservation comes
+    back `writing`, reserved for `CKPT_RESERVATION_TTL` (`reserved_until`)."""
     checkpoint = requests.undelete(
-        session, checkpoint_id, principal.actor, now, protect_for=settings.trash_retention
+        session,
+        checkpoint_id,
+        principal.actor,
+        now,
+        protect_for=settings.trash_retention,
+        reservation_ttl=settings.reservation_ttl,
     )
     return checkpoint_read(checkpoint)
 

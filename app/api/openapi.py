@@ -61,6 +61,9 @@ EXTRA: Mapping[tuple[str, str], tuple[int, ...]] = MappingProxyType(
         ("POST", "/v1/runs"): (404,),  # resumed_from names no checkpoint
         ("POST", "/v1/runs/{run_id}/checkpoints"): (409, 503),
         ("POST", "/v1/checkpoints/{checkpoint_id}/commit"): (409, 503),
+        ("POST", "/v1/checkpoints/{checkpoint_id}/keepalive"): (409,),  # not writing
+        ("POST", "/v1/checkpoints/{checkpoint_id}/abort"): (409,),  # not writing, or pinned
+        ("PATCH", "/v1/checkpoints/{checkpoint_id}"): (409,),  # deleted
         ("POST", "/v1/checkpoints/{checkpoint_id}/pin"): (409,),
         ("DELETE", "/v1/checkpoints/{checkpoint_id}"): (409,),
         ("POST", "/v1/checkpoints/{checkpoint_id}/undelete"): (409,),

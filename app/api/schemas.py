@@ -36,22 +36,37 @@ Count = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(whole)]
 NO_NUL = r"^[^\x00]*$"
 LabelKey = Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)]
 LabelValue = Annotated[str, Field(max_length=256, pattern=NO_NUL)]
-Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]  # MAX_LABELS
 
 
-def _finite(value: dict[str, float]) -> dict[str, float]:
+MAX_LABELS = 64
+MAX_METRICS = 256
+
+
+def _finite(value: dict[str, float | None]) -> dict[str, float | None]:
     for name, number in value.items():
-        if not math.isfinite(number):
+        if number is not None and not math.isfinite(number):
             raise ValueError(f"metric {name!r} must be a finite number")
     return value
 
 
+MetricKey = Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)]
+MetricValue = Annotated[float, Field(strict=True)]
 Metrics = Annotated[
-    dict[
-        Annotated[str, Field(min_length=1, max_length=63, pattern=NO_NUL)],
-        Annotated[float, Field(strict=True)],
-    ],
-    Field(max_length=256),
+    dict[MetricKey, MetricValue], Field(max_length=MAX_METRICS), AfterValidator(_finite)
+]
+# A PATCH merges into what a checkpoint has: a key given null is removed.
+LabelsPatch = Annotated[
+    dict[LabelKey, LabelValue | None],
+    Field(
+        max_length=MAX_LABELS, description="merged into the labels; a null value removes the key"
+    ),
+]
+MetricsPatch = Annotated[
+    dict[MetricKey, MetricValue | None],
+    Field(
+        max_length=MAX_METRICS, description="merged into the metrics; a null value removes the key"
+    ),
     AfterValidator(_finite),
 ]
 
@@ -197,6 +212,21 @@ class CheckpointCommit(Strict):
     metrics: Metrics | None = None
 
 
+class CheckpointUpdate(Strict):
+    """Re-class a checkpoint, merge labels and metrics. Neither field can be null as a
+    whole (the document offers none; the service refuses one with 422)."""
+
+    class_: Name | SkipJsonSchema[None] = Field(None, alias="class", json_schema_extra=_no_default)
+    labels: LabelsPatch | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
+    metrics: MetricsPatch | SkipJsonSchema[None] = Field(None, json_schema_extra=_no_default)
+
+
+class AbortRequest(Strict):
+    reason: Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)] | None = Field(
+        None, description="why the save failed, for the audit trail"
+    )
+
+
 class PinCreate(Strict):
     reason: Annotated[str, Field(min_length=1, max_length=500)]
 
@@ -243,6 +273,11 @@ class CheckpointRead(BaseModel):
     protected_until: datetime | None = Field(
         default=None,
         description="set by an undelete: no policy deletes or moves it before this time",
+    )
+    reserved_until: datetime | None = Field(
+        default=None,
+        description="a `writing` checkpoint's reservation ends then unless kept alive or "
+        "committed (the scheduler aborts it as abandoned); null in every other state",
     )
 
 

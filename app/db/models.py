@@ -116,6 +116,9 @@ class Checkpoint(Base):
     single_file: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Set by an undelete: no policy deletes or moves it before then (a person said "keep").
     protected_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # A `writing` checkpoint is a reservation: past this time without a commit or a
+    # keepalive it is abandoned, and the scheduler aborts it. NULL in every other state.
+    reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     locations: Mapped[list[Location]] = relationship(
         lazy="raise", order_by="Location.id", cascade="all, delete-orphan"

@@ -151,6 +151,31 @@ def test_a_generated_client_calls_every_operation(
     assert not call(
         "DELETE", "/v1/checkpoints/{checkpoint_id}/pin", 200, checkpoint_id=first
     ).pinned
+    relabel = m("CheckpointUpdate", {"labels": {"eval": "passed"}})
+    patched = call(
+        "PATCH", "/v1/checkpoints/{checkpoint_id}", 200, checkpoint_id=first, body=relabel
+    )
+    assert patched.labels.to_dict() == {"eval": "passed"}
+    reservation = {
+        "step": 3,
+        "class": "rolling",
+        "uri": f"file://{step_dir(data_dir, 'hot', fields, 3).resolve()}",
+        "committed": False,
+    }
+    reserved = call(
+        "POST",
+        "/v1/runs/{run_id}/checkpoints",
+        201,
+        run_id=run.id,
+        body=m("CheckpointCreate", reservation),
+    )
+    kept = call("POST", "/v1/checkpoints/{checkpoint_id}/keepalive", 200, checkpoint_id=reserved.id)
+    assert kept.state == "writing" and kept.reserved_until is not None
+    failed = m("AbortRequest", {"reason": "out of disk"})
+    aborted = call(
+        "POST", "/v1/checkpoints/{checkpoint_id}/abort", 200, checkpoint_id=reserved.id, body=failed
+    )
+    assert aborted.state == "trashed"
 
     plan = call("POST", "/v1/plan", 200, body=m("PlanRequest", {"run_id": run.id}))
     assert sorted(k.step for k in plan.kept) == [1, 2]

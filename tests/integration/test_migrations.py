@@ -6,16 +6,17 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, insert, inspect, select, text
 
 from app.db.migrate import downgrade, upgrade
-from app.db.models import Base
+from app.db.models import Base, Checkpoint
 from app.db.session import make_engine
 from tests.conftest import create_pg_database, drop_pg_database, postgres_url
 
@@ -126,3 +127,46 @@ def test_replicas_starting_together_migrate_once(fresh_url: str, fresh_engine: E
     with fresh_engine.connect() as connection:
         versions = connection.execute(text("SELECT count(*) FROM alembic_version")).scalar()
     assert versions == 1
+
+
+def test_reservations_made_before_reserved_until_get_a_full_ttl(
+    fresh_url: str, fresh_engine: Engine
+) -> None:
+    """A save in flight while the service upgrades is not aborted the moment the new
+    scheduler starts: its reservation lasts the default TTL from the upgrade on."""
+    upgrade(fresh_url, "0007")
+    now = datetime.now(UTC)
+    with fresh_engine.begin() as connection:
+        connection.execute(
+            insert(Base.metadata.tables["projects"]).values(id=1, name="p", created_at=now)
+        )
+        connection.execute(
+            insert(Base.metadata.tables["runs"]).values(
+                id="run_1", project_id=1, name="r", status="active", started_at=now
+            )
+        )
+        for step, state in ((1, "writing"), (2, "active")):
+            connection.execute(
+                insert(Base.metadata.tables["checkpoints"]).values(
+                    id=f"ckpt_{step}",
+                    run_id="run_1",
+                    step=step,
+                    state=state,
+                    **{"class": "rolling"},
+                    uri=f"file:///data/hot/p/r/step-{step}",
+                    created_at=now,
+                    registered_at=now,
+                )
+            )
+    upgrade(fresh_url)
+    with fresh_engine.connect() as connection:
+        rows = {
+            checkpoint_id: until
+            for checkpoint_id, until in connection.execute(
+                select(Checkpoint.id, Checkpoint.reserved_until)
+            )
+        }
+    assert rows["ckpt_2"] is None
+    reserved = rows["ckpt_1"]
+    assert reserved is not None
+    assert now + timedelta(minutes=29) < reserved < datetime.now(UTC) + timedelta(minutes=31)

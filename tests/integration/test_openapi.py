@@ -66,6 +66,18 @@ def test_every_error_is_documented_as_a_problem_document(client: TestClient) -> 
     ("path", "statuses"),
     [
         ("DELETE /v1/checkpoints/{checkpoint_id}", {"202", "401", "403", "404", "409", "422"}),
+        (
+            "POST /v1/checkpoints/{checkpoint_id}/keepalive",
+            {"200", "401", "403", "404", "409", "422"},
+        ),
+        (
+            "POST /v1/checkpoints/{checkpoint_id}/abort",
+            {"200", "400", "401", "403", "404", "409", "415", "422"},
+        ),
+        (
+            "PATCH /v1/checkpoints/{checkpoint_id}",
+            {"200", "400", "401", "403", "404", "409", "415", "422"},
+        ),
         ("POST /v1/plan", {"200", "400", "401", "403", "404", "415", "422"}),
         ("GET /v1/runs", {"200", "400", "401", "403", "422"}),
         ("GET /healthz", {"200", "422"}),
@@ -83,7 +95,7 @@ def test_an_operation_documents_the_statuses_it_answers(
 def test_a_405_allows_every_method_of_the_path(client: TestClient) -> None:
     for path, allowed in (
         ("/v1/runs", "GET, POST"),
-        ("/v1/checkpoints/ckpt_x", "DELETE, GET"),
+        ("/v1/checkpoints/ckpt_x", "DELETE, GET, PATCH"),
         ("/v1/runs/run_x", "GET, PATCH"),
         ("/v1/checkpoints/ckpt_x/pin", "DELETE, POST"),
     ):
@@ -99,3 +111,16 @@ def test_the_document_names_what_the_app_knows(client: TestClient, data_dir: Any
     assert schemas["policy.MoveTo"]["properties"]["move_to"]["enum"] == tiers
     uri = schemas["CheckpointCreate"]["properties"]["uri"]["pattern"]
     assert str(data_dir.resolve() / "hot") in uri.replace("\\", "")
+
+
+def test_the_reservation_and_update_routes_are_documented(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    paths, schemas = document["paths"], document["components"]["schemas"]
+    for verb in ("keepalive", "abort", "commit"):
+        operation = paths[f"/v1/checkpoints/{{checkpoint_id}}/{verb}"]["post"]
+        assert operation["x-required-scope"] == "register", verb
+    assert paths["/v1/checkpoints/{checkpoint_id}"]["patch"]["x-required-scope"] == "register"
+    assert "reserved_until" in schemas["CheckpointRead"]["properties"]
+    assert set(schemas["CheckpointUpdate"]["properties"]) == {"class", "labels", "metrics"}
+    assert schemas["CheckpointUpdate"].get("additionalProperties") is False
+    assert set(schemas["AbortRequest"]["properties"]) == {"reason"}

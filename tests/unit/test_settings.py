@@ -20,6 +20,7 @@ CONTRACT_VARIABLES = (
     "CKPT_PORT",
     "CKPT_AUTH",
     "CKPT_BOOTSTRAP_TOKEN",
+    "CKPT_RESERVATION_TTL",
 )
 
 
@@ -44,6 +45,7 @@ def test_documented_defaults() -> None:
     assert settings.port == 8000
     assert settings.auth == "on"
     assert settings.bootstrap_token is None
+    assert settings.reservation_ttl == timedelta(minutes=30)
 
 
 def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -58,6 +60,7 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         "CKPT_PORT": "9100",
         "CKPT_AUTH": "on",
         "CKPT_BOOTSTRAP_TOKEN": "s3cr3t-admin-token",
+        "CKPT_RESERVATION_TTL": "2h",
     }
     assert set(values) == set(CONTRACT_VARIABLES)
     for name, value in values.items():
@@ -74,6 +77,7 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert settings.auth == "on"
     assert isinstance(settings.bootstrap_token, SecretStr)
     assert settings.bootstrap_token.get_secret_value() == "s3cr3t-admin-token"
+    assert settings.reservation_ttl == timedelta(hours=2)
 
 
 @pytest.mark.parametrize(
@@ -85,6 +89,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         ("CKPT_TRASH_RETENTION", "2w", timedelta(weeks=2)),
         ("CKPT_RECONCILE_INTERVAL", "6h", timedelta(hours=6)),
         ("CKPT_RECONCILE_INTERVAL", "0s", timedelta(0)),  # on demand only
+        ("CKPT_RESERVATION_TTL", "90s", timedelta(seconds=90)),
+        ("CKPT_RESERVATION_TTL", "12h", timedelta(hours=12)),
     ],
 )
 def test_durations_are_parsed(
@@ -138,6 +144,9 @@ def test_auth_on_with_non_loopback_host_is_fine(monkeypatch: pytest.MonkeyPatch)
         ("CKPT_TRASH_RETENTION", "-1d"),
         ("CKPT_RECONCILE_INTERVAL", "-1h"),
         ("CKPT_RECONCILE_INTERVAL", "daily"),
+        ("CKPT_RESERVATION_TTL", "0s"),  # every reservation would be abandoned at once
+        ("CKPT_RESERVATION_TTL", "-5m"),
+        ("CKPT_RESERVATION_TTL", "half an hour"),
         ("CKPT_TRASH_RETENTION", "999999999w"),
         ("CKPT_PORT", "abc"),
         ("CKPT_PORT", "0"),

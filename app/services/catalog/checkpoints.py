@@ -1,9 +1,10 @@
-"""Use cases for checkpoints: idempotent registration, two-phase commit, pins, listing."""
+"""Use cases for checkpoints: idempotent registration, pins, listing (commit, keepalive and
+abort of a reservation: app.services.catalog.reservations)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -11,11 +12,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Checkpoint, Location
 from app.db.pagination import BadCursor, decode_cursor, encode_cursor
-from app.domain.errors import Conflict, Invalid, NotFound
+from app.domain.errors import Conflict, Invalid
 from app.domain.ids import new_id
 from app.domain.states import CheckpointState
 from app.domain.tier import Tier, locate
 from app.services.catalog import audit
+from app.services.catalog.lookup import get_checkpoint
 from app.services.catalog.manifest import (
     check_supplied,
     list_manifest,
@@ -25,11 +27,12 @@ from app.services.catalog.manifest import (
 )
 from app.services.catalog.overlap import refuse_overlap
 from app.services.catalog.registration import insert_checkpoint
-from app.services.catalog.run_totals import add_active
+from app.services.catalog.reservations import apply_commit, lock_reservation, renew_reservation
 from app.services.catalog.runs import get_run
 from app.storage.registry import StorageRegistry
 
 MAX_STEP = 2**63 - 1  # steps are BIGINT
+DEFAULT_RESERVATION_TTL = timedelta(minutes=30)  # CKPT_RESERVATION_TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +48,6 @@ class Registration:
     committed: bool
 
 
-def get_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
-    checkpoint = (
-        None
-        if "\x00" in checkpoint_id  # no id holds one, and PostgreSQL refuses it as a parameter
-        else session.execute(
-            select(Checkpoint)
-            .where(Checkpoint.id == checkpoint_id)
-            .options(selectinload(Checkpoint.locations))
-        ).scalar_one_or_none()
-    )
-    if checkpoint is None:
-        raise NotFound(f"no checkpoint has id {checkpoint_id!r}", field="checkpoint_id")
-    return checkpoint
-
-
 def _by_step(session: Session, run_id: str, step: int) -> Checkpoint | None:
     return session.execute(
         select(Checkpoint)
@@ -69,6 +57,15 @@ def _by_step(session: Session, run_id: str, step: int) -> Checkpoint | None:
 
 
 def _check_same_content(existing: Checkpoint, reg: Registration, uri: str, files: Any) -> None:
+    if existing.state == CheckpointState.TRASHED and existing.committed_at is None:
+        # An aborted reservation: answering 200 would tell a retried save that its bytes
+        # are catalogued, while the purge is on its way to remove them.
+        raise Conflict(
+            f"step {existing.step} of this run was reserved and aborted (checkpoint "
+            f"{existing.id} is trashed); an admin's undelete reserves it again",
+            field="step",
+            checkpoint_id=existing.id,
+        )
     problems = []
     if existing.klass != reg.klass:
         problems.append(f"class {existing.klass!r}")
@@ -94,16 +91,28 @@ def register_checkpoint(
     reg: Registration,
     actor: str,
     now: datetime,
+    reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
 ) -> tuple[Checkpoint, bool]:
     """Register a checkpoint; returns it and whether it was created.
 
     Idempotent: the same step with the same content returns the existing checkpoint;
     different content raises Conflict. Concurrent identical calls leave one row. A run
     that does not exist is a NotFound whatever else is wrong with the registration.
+
+    `committed: false` reserves the step (`writing`) until now + `reservation_ttl`; the
+    same reservation again renews it, like a keepalive; a committed registration of a
+    reserved step commits it. A step whose reservation was aborted is a Conflict.
     """
     try:
         return _register(
-            session, tiers=tiers, storages=storages, run_id=run_id, reg=reg, actor=actor, now=now
+            session,
+            tiers=tiers,
+            storages=storages,
+            run_id=run_id,
+            reg=reg,
+            actor=actor,
+            now=now,
+            reservation_ttl=reservation_ttl,
         )
     except (Invalid, Conflict):
         # Looked up only when the registration is refused: the insert itself finds a
@@ -121,8 +130,10 @@ def _register(
     reg: Registration,
     actor: str,
     now: datetime,
+    reservation_ttl: timedelta,
 ) -> tuple[Checkpoint, bool]:
     located = locate(reg.uri, tiers)
+    reserved_until = None if reg.committed else now + reservation_ttl
     files = normalise(reg.files) if reg.files is not None else None
     single_file = False
     if files is None:
@@ -130,8 +141,8 @@ def _register(
         existing = _by_step(session, run_id, reg.step)
         if existing is not None:
             _check_same_content(existing, reg, located.uri, None)
-            return _commit_if_writing(
-                session, existing, reg, located, None, storages, actor, now
+            return _settle_existing(
+                session, existing, reg, located, None, storages, actor, now, reserved_until
             ), False
         if reg.committed:
             refuse_overlap(session, located.uri, run_id=run_id, step=reg.step)
@@ -159,6 +170,7 @@ def _register(
         "committed_at": now if reg.committed else None,
         "created_by": actor,
         "updated_by": actor,
+        "reserved_until": reserved_until,
     }
     location = {
         "checkpoint_id": values["id"],
@@ -171,8 +183,8 @@ def _register(
         existing = _by_step(session, run_id, reg.step)
         assert existing is not None  # the conflicting row is committed, or we would have waited
         _check_same_content(existing, reg, located.uri, files)
-        return _commit_if_writing(
-            session, existing, reg, located, files, storages, actor, now
+        return _settle_existing(
+            session, existing, reg, located, files, storages, actor, now, reserved_until
         ), False
     # Answer from what was written: no second round trip to read it back.
     checkpoint = Checkpoint(**values)
@@ -180,7 +192,7 @@ def _register(
     return checkpoint, True
 
 
-def _commit_if_writing(
+def _settle_existing(
     session: Session,
     checkpoint: Checkpoint,
     reg: Registration,
@@ -189,110 +201,29 @@ def _commit_if_writing(
     storages: StorageRegistry,
     actor: str,
     now: datetime,
+    reserved_until: datetime | None,
 ) -> Checkpoint:
-    """A committed re-registration of a reserved step commits it."""
-    if checkpoint.state != CheckpointState.WRITING or not reg.committed:
+    """The same step again, with the same content: a committed re-registration of a reserved
+    step commits it; a reservation again renews it (a restarted save reserves its step
+    anew); anything else leaves the checkpoint as it is."""
+    if checkpoint.state != CheckpointState.WRITING:
+        return checkpoint
+    lock_reservation(session, checkpoint)
+    if reserved_until is not None:
+        renew_reservation(session, checkpoint, reserved_until)
         return checkpoint
     if files is None:
         listed = list_manifest(located, storages)
         files, single_file = listed.files, listed.single_file
     else:
         single_file = check_supplied(located, files, storages)
-    _apply_commit(
+    apply_commit(
         session,
         checkpoint,
         files=files,
         single_file=single_file,
         size_bytes=reg.size_bytes,
         metrics=None,
-        actor=actor,
-        now=now,
-    )
-    session.flush()
-    return checkpoint
-
-
-def _apply_commit(
-    session: Session,
-    checkpoint: Checkpoint,
-    *,
-    files: list[dict[str, Any]],
-    single_file: bool,
-    size_bytes: int | None,
-    metrics: dict[str, float] | None,
-    actor: str,
-    now: datetime,
-) -> None:
-    was = {"state": checkpoint.state, "size_bytes": checkpoint.size_bytes}
-    checkpoint.files = files
-    checkpoint.single_file = single_file
-    checkpoint.size_bytes = total_size(files, size_bytes)
-    if metrics is not None:
-        checkpoint.metrics = {**checkpoint.metrics, **metrics}
-    checkpoint.state = "active"
-    checkpoint.committed_at = now
-    checkpoint.updated_by = actor
-    committed = {"state": "active", "size_bytes": checkpoint.size_bytes}
-    audit.record_many(
-        session,
-        [
-            audit.checkpoint_event(
-                checkpoint.id,
-                checkpoint.run_id,
-                "committed",
-                actor=actor,
-                at=now,
-                before=was,
-                after=committed,
-            )
-        ],
-    )
-    add_active(
-        session,
-        checkpoint.run_id,
-        checkpoints=1,
-        size=checkpoint.size_bytes,
-        request_evaluation_at=now,
-    )
-
-
-def commit_checkpoint(
-    session: Session,
-    *,
-    tiers: list[Tier],
-    storages: StorageRegistry,
-    checkpoint_id: str,
-    files: list[dict[str, Any]] | None,
-    size_bytes: int | None,
-    metrics: dict[str, float] | None,
-    actor: str,
-    now: datetime,
-) -> Checkpoint:
-    """Turn a `writing` checkpoint `active`. Repeating the commit of an active one is a no-op
-    when the manifest agrees; committing a trashed or deleted one is a Conflict."""
-    checkpoint = get_checkpoint(session, checkpoint_id)
-    manifest = normalise(files) if files is not None else None
-    if checkpoint.state == CheckpointState.ACTIVE:
-        if not same_files(checkpoint.files, manifest):
-            raise Conflict(
-                "checkpoint is already committed with a different manifest", field="files"
-            )
-        return checkpoint
-    if checkpoint.state != CheckpointState.WRITING:
-        raise Conflict(f"checkpoint is {checkpoint.state}, not writing", field="state")
-    located = locate(checkpoint.uri, tiers)
-    if manifest is None:
-        listed = list_manifest(located, storages)
-        manifest, single_file = listed.files, listed.single_file
-    else:
-        single_file = check_supplied(located, manifest, storages)
-    _apply_commit(
-        session,
-        checkpoint,
-        files=manifest,
-        single_file=single_file,
-        size_bytes=size_bytes,
-        metrics=metrics,
         actor=actor,
         now=now,
     )

@@ -42,14 +42,16 @@ _PG_INSERT = """
     ), c AS (
         INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
                                  metrics, labels, pinned, pin_reason, single_file, created_at,
-                                 registered_at, committed_at, created_by, updated_by)
+                                 registered_at, committed_at, created_by, updated_by,
+                                 reserved_until)
         SELECT CAST(%(id)s AS VARCHAR), CAST(%(run_id)s AS VARCHAR), CAST(%(step)s AS BIGINT),
                CAST(%(klass)s AS VARCHAR), CAST(%(state)s AS VARCHAR), CAST(%(uri)s AS TEXT),
                CAST(%(size_bytes)s AS BIGINT), CAST(%(files)s AS JSON),
                CAST(%(metrics)s AS JSON), CAST(%(labels)s AS JSON), false, NULL,
                CAST(%(single_file)s AS BOOLEAN), CAST(%(created_at)s AS TIMESTAMPTZ),
                CAST(%(registered_at)s AS TIMESTAMPTZ), CAST(%(committed_at)s AS TIMESTAMPTZ),
-               CAST(%(created_by)s AS VARCHAR), CAST(%(updated_by)s AS VARCHAR)
+               CAST(%(created_by)s AS VARCHAR), CAST(%(updated_by)s AS VARCHAR),
+               CAST(%(reserved_until)s AS TIMESTAMPTZ)
         WHERE NOT EXISTS (SELECT 1 FROM o)
         ON CONFLICT DO NOTHING
         RETURNING id, run_id, size_bytes, state
@@ -86,6 +88,8 @@ def _audit_event(values: dict[str, Any], location: dict[str, Any]) -> tuple[str,
         "tier": location["tier"],
         "locations": [{"tier": location["tier"], "role": "primary", "uri": location["uri"]}],
     }
+    if values["reserved_until"] is not None:
+        after["reserved_until"] = audit.jsonable(values["reserved_until"])
     return ("registered" if values["state"] == "active" else "reserved"), after
 
 

@@ -46,3 +46,13 @@ def remove_location(storage: Storage, key: str, single_file: bool) -> int:
     if single_file:
         return storage.delete_keys([key])
     return storage.delete_prefix(key)
+
+
+def remove_reservation(storage: Storage, key: str) -> int:
+    """Delete what a save that never committed left: its uri as a prefix or as one object
+    (it never said which), and the multipart uploads it left unfinished under it."""
+    removed = storage.delete_prefix(key)
+    storage.abort_uploads(key)
+    if storage.head(key) is not None:  # one object of that name (on an object store)
+        removed += storage.delete_keys([key])
+    return removed

@@ -16,7 +16,7 @@ from app.domain.errors import Conflict, Invalid
 from app.domain.states import ActionKind, ActionState, CheckpointState
 from app.domain.tier import Tier
 from app.services.catalog import audit
-from app.services.catalog.checkpoints import get_checkpoint
+from app.services.catalog.lookup import get_checkpoint
 from app.services.catalog.run_totals import add_active
 from app.services.lifecycle.ledger import add_action, cancel_open, new_action, open_action, release
 
@@ -61,11 +61,17 @@ def undelete(
     now: datetime,
     *,
     protect_for: timedelta,
+    reservation_ttl: timedelta,
 ) -> Checkpoint:
     """Back from the trash to `active`, cancelling its pending purge (or, when the delete has
     not been executed yet, the delete itself). A person who undeletes means "keep this": no
     policy deletes or moves it for `protect_for` (the trash retention), then its policy
-    governs it again."""
+    governs it again.
+
+    A checkpoint that was never committed (an aborted or abandoned reservation, or a
+    reservation deleted by hand) comes back as what it was, `writing`, reserved for
+    `reservation_ttl` from now: its save may commit it then. It gets no protection: until it
+    commits no rule sees it, and once it does its policy governs it like any other save."""
     checkpoint = get_checkpoint(session, checkpoint_id)
     until = now + protect_for
     if checkpoint.state == CheckpointState.ACTIVE:
@@ -94,6 +100,8 @@ def undelete(
         busy="its bytes are being purged right now",
         why="withdrawn by undelete",
     )
+    if checkpoint.committed_at is None:
+        return _reserve_again(session, checkpoint, actor, now, now + reservation_ttl)
     checkpoint.state = "active"
     checkpoint.trashed_at = None
     back: dict[str, Any] = {"state": "active", "protected_until": until}
@@ -104,6 +112,32 @@ def undelete(
         checkpoints=1,
         size=checkpoint.size_bytes,
         request_evaluation_at=now,
+    )
+    session.flush()
+    return checkpoint
+
+
+def _reserve_again(
+    session: Session, checkpoint: Checkpoint, actor: str, now: datetime, until: datetime
+) -> Checkpoint:
+    checkpoint.state = CheckpointState.WRITING
+    checkpoint.trashed_at = None
+    checkpoint.reserved_until = until
+    checkpoint.updated_by = actor
+    audit.record_many(
+        session,
+        [
+            audit.checkpoint_event(
+                checkpoint.id,
+                checkpoint.run_id,
+                "undeleted",
+                actor=actor,
+                at=now,
+                before={"state": "trashed", "reserved_until": None},
+                after={"state": "writing", "reserved_until": until},
+                reason="a reservation back from the trash",
+            )
+        ],
     )
     session.flush()
     return checkpoint

@@ -17,7 +17,11 @@ from app.services.catalog.run_totals import add_active
 from app.services.lifecycle import ledger
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import add_action, failed_purges, open_action, purge_action
-from app.services.lifecycle.placement import refuse_if_overlapping, remove_location
+from app.services.lifecycle.placement import (
+    refuse_if_overlapping,
+    remove_location,
+    remove_reservation,
+)
 from app.services.lifecycle.planning import replan_after
 from app.services.lifecycle.steps import Context, checkpoint_event, load_checkpoint
 
@@ -73,6 +77,7 @@ def delete(ctx: Context, action_id: str) -> None:
             )
             checkpoint.state = CheckpointState.TRASHED
             checkpoint.trashed_at = ctx.clock()
+            checkpoint.reserved_until = None  # a reservation deleted by hand ends too
             checkpoint.updated_by = action.actor
         ledger.close(session, action, ActionState.DONE, ctx.clock())
         session.flush()
@@ -99,12 +104,18 @@ def purge(ctx: Context, action_id: str) -> None:
             return
         uris = [loc.uri for loc in checkpoint.locations]
         single_file = checkpoint.single_file
+        # an aborted reservation: its save never said what it wrote, or whether the uri is
+        # a prefix or one object
+        reservation = checkpoint.committed_at is None
         for uri in uris:  # all of them before any byte goes: a purge is whole or nothing
             refuse_if_overlapping(session, uri, checkpoint.id, "purge")
     crash_point("purge.checked")
     for uri in uris:
         storage, key = ctx.storage(uri)
-        remove_location(storage, key, single_file)
+        if reservation:
+            remove_reservation(storage, key)
+        else:
+            remove_location(storage, key, single_file)
         crash_point("purge.location_removed")
     with session_scope(ctx.factory) as session:
         checkpoint = load_checkpoint(session, action.checkpoint_id)
