@@ -41,14 +41,20 @@ def refuse_if_overlapping(session: Session, uri: str, checkpoint_id: str, doing:
         raise Overlapping(f"refusing to {doing} {uri}: {found.describe(uri)}")
 
 
-def remove_location(storage: Storage, key: str, single_file: bool) -> int:
-    """Delete a location's bytes: the one object, or everything under the prefix."""
+def remove_location(
+    storage: Storage, key: str, single_file: bool, *, committed: bool = True
+) -> int:
+    """Delete a location's bytes: the one object, or everything under the prefix. A location
+    of a save that never `committed` (an aborted reservation) goes as `_remove_reservation`
+    says."""
+    if not committed:
+        return _remove_reservation(storage, key)
     if single_file:
         return storage.delete_keys([key])
     return storage.delete_prefix(key)
 
 
-def remove_reservation(storage: Storage, key: str) -> int:
+def _remove_reservation(storage: Storage, key: str) -> int:
     """Delete what a save that never committed left: its uri as a prefix or as one object
     (it never said which), and the multipart uploads it left unfinished under it."""
     removed = storage.delete_prefix(key)

@@ -17,11 +17,7 @@ from app.services.catalog.run_totals import add_active
 from app.services.lifecycle import ledger
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import add_action, failed_purges, open_action, purge_action
-from app.services.lifecycle.placement import (
-    refuse_if_overlapping,
-    remove_location,
-    remove_reservation,
-)
+from app.services.lifecycle.placement import refuse_if_overlapping, remove_location
 from app.services.lifecycle.planning import replan_after
 from app.services.lifecycle.steps import Context, checkpoint_event, load_checkpoint
 
@@ -112,10 +108,7 @@ def purge(ctx: Context, action_id: str) -> None:
     crash_point("purge.checked")
     for uri in uris:
         storage, key = ctx.storage(uri)
-        if reservation:
-            remove_reservation(storage, key)
-        else:
-            remove_location(storage, key, single_file)
+        remove_location(storage, key, single_file, committed=not reservation)
         crash_point("purge.location_removed")
     with session_scope(ctx.factory) as session:
         checkpoint = load_checkpoint(session, action.checkpoint_id)
