@@ -64,8 +64,8 @@ def test_run_complete_and_fail_set_status_and_end(client: Client, project: str) 
     assert done.status == "completed" and done.ended_at is not None
     assert client.get_run(done.id).status == "completed"
 
-    ended = datetime.now(UTC) - timedelta(minutes=1)
     failed = client.run(project, "failed")
+    ended = datetime.now(UTC) + timedelta(seconds=1)
     failed.fail(ended_at=ended)
 
     assert failed.refresh().status == "failed"
