@@ -23,10 +23,17 @@ from tests.client.outage import (
 from tests.figures import FIGURES
 
 
-@pytest.fixture
-def service(tmp_path: Path, catalog_url: str) -> Iterator[Service]:
-    """A service of the test's own: the test stops and starts it."""
-    yield from serve(tmp_path / "service", catalog_url)
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, catalog_url: str) -> Iterator[Service]:
+    """The module's service, which its tests stop and start (one start costs seconds)."""
+    yield from serve(tmp_path_factory.mktemp("service"), catalog_url)
+
+
+@pytest.fixture(autouse=True)
+def running(service: Service) -> None:
+    """Each test finds the service up, whatever the test before it left."""
+    if service.process is None or service.process.poll() is not None:
+        service.start()
 
 
 @pytest.fixture

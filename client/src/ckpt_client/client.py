@@ -110,12 +110,14 @@ class Client:
         labels: Mapping[str, str] | None = None,
         policy: str | None = None,
         resumed_from: str | Checkpoint | None = None,
+        started_at: datetime | None = None,
     ) -> Run:
         """Create the run, or attach to it if it exists (a restarted job calls this again:
         the service answers 200 with the run as it is, its labels untouched).
 
         Not spooled: a job that cannot reach the catalog when it starts gets `Unavailable`
-        after the deadline, before it has written anything the catalog would miss."""
+        after the deadline, before it has written anything the catalog would miss.
+        `started_at` back-dates a new run (an adopted or simulated one); now if left out."""
         from ckpt_client.run import Run
 
         body: dict[str, Any] = {"project": project, "name": name, "labels": dict(labels or {})}
@@ -125,6 +127,8 @@ class Client:
             body["resumed_from"] = (
                 resumed_from.id if isinstance(resumed_from, Checkpoint) else resumed_from
             )
+        if started_at is not None:
+            body["started_at"] = format_time(started_at)
         return Run(self, self._call("POST", "/v1/runs", json=body).body)
 
     def get_run(self, run_id: str) -> Run:
@@ -187,6 +191,19 @@ class Client:
     def tiers(self) -> list[Tier]:
         """The service's tiers, hottest first: where a job may write its checkpoints."""
         return [Tier.from_json(item) for item in self._pages("/v1/tiers", {})]
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Any endpoint of the API that has no method here (plans, sweeps, the ledger), with
+        the same retries and errors: the answer's JSON body (None when empty)."""
+        query = dict(params) if params is not None else None
+        return self._call(method.upper(), path, json=json, params=query).body
 
     def flush(self, *, deadline: float | None = None) -> ReplayReport:
         """Replay this service's spooled calls now, oldest first, each within `deadline`

@@ -82,6 +82,10 @@ class Keepalive:
                         error,
                     )
                 return
+            except Exception as error:  # the client closed under it, say: end quietly
+                if not self._stop.is_set():
+                    log.warning("keepalive of step %d stopped: %r", self._checkpoint.step, error)
+                return
             self.sent += 1
             until = Checkpoint.from_json(answer.body).reserved_until
             if until is None:
