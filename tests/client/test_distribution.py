@@ -4,6 +4,7 @@ brings httpx and what httpx needs, and none of the service's dependencies."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -51,7 +52,11 @@ def test_the_client_installs_alone_into_a_fresh_environment(
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
     # pip's own cache serves what it downloaded before: only a first run reaches the index
-    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", CLIENT)
+    # a copy: a build in the work tree would leave its build/ there, and race another run's
+    source = shutil.copytree(
+        CLIENT, tmp_path / "client", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
+    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", source)
     listed = run(python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check")
     installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
 
