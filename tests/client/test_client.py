@@ -333,3 +333,23 @@ def test_plain_http_sees_what_the_client_wrote(
         runs = admin.get("/v1/runs", params={"project": project}).json()["items"]
     assert [(c["step"], c["class"], c["metrics"]) for c in listed] == [(1, "rolling", {"m": 1.5})]
     assert [(r["name"], r["labels"]) for r in runs] == [("run-1", {"a": "b"})]
+
+
+def test_restore_asks_then_waits_and_call_reaches_any_endpoint(
+    client: Client, service: Service, project: str
+) -> None:
+    run = client.run(project, "run-1")
+    ckpt = run.register(60, write_step(hot(service), project, "run-1", 60))
+    assert ckpt is not None
+
+    asked = client.restore(ckpt.id, "warm", wait=False)
+    staged = client.restore(ckpt.id, "warm", timeout=60)  # the same action, waited for
+
+    assert asked.location("warm") is None
+    warm = staged.location("warm")
+    assert warm is not None and warm.role == "replica" and staged.tier == "hot"
+    assert client.restore(ckpt.id, "warm") == staged  # there already: nothing asked
+    actions = client.call("GET", "/v1/actions", params={"checkpoint_id": ckpt.id})["items"]
+    assert [(a["kind"], a["to_tier"], a["state"]) for a in actions] == [("restore", "warm", "done")]
+    latest = run.latest()
+    assert latest is not None and latest.id == ckpt.id
