@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check app tests bench client
 	$(BIN)/ruff format --check app tests bench client
 	$(BIN)/mypy
-	$(BIN)/mypy --python-version 3.10 client/src
+	$(BIN)/mypy --python-version 3.10 client/src tests/client/fresh_probe.py
 	$(BIN)/lint-imports
 
 format: $(STAMP)
