@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -181,3 +182,16 @@ def test_bad_configuration_is_refused_early() -> None:
 def test_a_password_in_the_url_is_not_shown() -> None:
     with Client("http://user:hunter2@catalog.test") as client:
         assert "hunter2" not in repr(client)
+
+
+def test_a_spool_that_cannot_be_written_raises_unavailable(tmp_path: Path) -> None:
+    handle, _ = scripted(httpx.Response(201, json=RUN), httpx.ConnectError("refused"))
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the spool should be")
+    transport = httpx.MockTransport(handle)
+    with Client(
+        "http://catalog.test", spool_dir=blocked, deadline=0.2, transport=transport
+    ) as client:
+        run = client.run("p", "r")
+        with pytest.raises(Unavailable, match="the spool cannot be written"):
+            run.register(1, "file:///data/hot/p/r/step-1")

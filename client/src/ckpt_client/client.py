@@ -66,7 +66,8 @@ class Client:
             raise ValueError(f"on_unavailable must be 'spool' or 'raise', not {on_unavailable!r}")
         if timeout <= 0 or deadline <= 0:
             raise ValueError("timeout and deadline must be positive numbers of seconds")
-        token = token if token is not None else os.environ.get("CKPT_TOKEN") or None
+        # token="" says "no token" even where CKPT_TOKEN is set
+        token = (token if token is not None else os.environ.get("CKPT_TOKEN")) or None
         directory = spool_dir or os.environ.get("CKPT_SPOOL_DIR") or DEFAULT_SPOOL_DIR
         self.url = url
         self.deadline = deadline
@@ -263,12 +264,12 @@ class Client:
                 return self._transport.request(method, path, json=body, deadline_at=until)
             except Unavailable as error:
                 reason: Exception = error
-                entry = self.spool.add(kind, method, path, _dated(kind, body, started), what)
+                entry = self._keep(kind, method, path, _dated(kind, body, started), what, error)
                 self._spool_unknown = True
         else:
             # Earlier calls wait in the spool: this one joins the end of the queue, so that
             # it cannot overtake them (a run end before its last registrations, say).
-            entry = self.spool.add(kind, method, path, _dated(kind, body, started), what)
+            entry = self._keep(kind, method, path, _dated(kind, body, started), what, None)
             report = self._replay(until, own=entry)
             if report.own_landed:
                 answer: Answer = report.own_answer
@@ -283,6 +284,27 @@ class Client:
             reason,
         )
         return None
+
+    def _keep(
+        self,
+        kind: str,
+        method: str,
+        path: str,
+        body: dict[str, Any],
+        what: str,
+        unreachable: Unavailable | None,
+    ) -> Path:
+        """Spool one call; a spool that cannot be written (a read-only home, a full disk)
+        leaves nothing to replay, so the call raises `Unavailable` after all."""
+        try:
+            return self.spool.add(kind, method, path, body, what)
+        except OSError as error:
+            log.error("cannot spool %s to %s: %s", what, self.spool.directory, error)
+            raise Unavailable(
+                f"{what}: the catalog is unreachable and the spool cannot be written ({error})",
+                status=unreachable.status if unreachable else None,
+                problem=unreachable.problem if unreachable else None,
+            ) from (unreachable or error)
 
     def _spool_waiting(self) -> bool:
         """Whether spooled calls of this service may be waiting (one directory listing the

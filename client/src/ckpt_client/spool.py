@@ -143,7 +143,7 @@ class Spool:
         """This service's entries, oldest first."""
         try:
             names = os.listdir(self.directory)
-        except FileNotFoundError:
+        except OSError:  # none yet (or not a directory: then nothing could be spooled)
             return []
         suffix = f"-{self.key}-"
         mine = [n for n in names if n.endswith(".json") and not n.startswith(".") and suffix in n]
@@ -152,7 +152,7 @@ class Spool:
     def failed(self) -> list[Path]:
         try:
             names = os.listdir(self.failed_dir)
-        except FileNotFoundError:
+        except OSError:
             return []
         return [self.failed_dir / n for n in sorted(names) if n.endswith(".json")]
 
