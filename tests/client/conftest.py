@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ckpt_client import Client
 
 from app.db.migrate import upgrade
+from ckpt_client import Client
 from tests.builders import remember_secret
 from tests.conftest import create_pg_database, drop_pg_database, postgres_url
 from tests.storage.ports import free_port, owns_port

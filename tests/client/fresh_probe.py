@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import ckpt_client
 import httpx
+
+import ckpt_client
 from ckpt_client import Client, Conflict
 from ckpt_client.models import parse_time
 

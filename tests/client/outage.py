@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_client import Client, Run
-
 from tests.builders import list_all
 from tests.client.conftest import Service
 from tests.client.helpers import manifest_of, write_step

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from ckpt_client import (
     Client,
     Conflict,
@@ -17,7 +18,6 @@ from ckpt_client import (
     Unauthorized,
     resume_path,
 )
-
 from tests.builders import remember_secret
 from tests.client.conftest import ADMIN, Service
 from tests.client.helpers import manifest_of, write_step

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ckpt_client import Client
 
+from ckpt_client import Client
 from tests.client.conftest import ADMIN, Service, ckpt_env, serve
 from tests.client.outage import (
     DEADLINE,

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ckpt_client import Client, Unavailable
 
+from ckpt_client import Client, Unavailable
 from tests.client.conftest import ADMIN, Service, serve
 from tests.client.helpers import write_step
 from tests.client.outage import (

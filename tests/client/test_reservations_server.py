@@ -7,8 +7,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from ckpt_client import Client, Conflict
 
+from ckpt_client import Client, Conflict
 from tests.client.conftest import Service, serve
 from tests.client.helpers import write_step
 

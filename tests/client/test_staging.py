@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from ckpt_client import Client, RestoreFailed
 from ckpt_client import staging as staging_module
 

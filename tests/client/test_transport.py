@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from ckpt_client import CatalogError, Client, Invalid, Unavailable
 
 SECRET = "transport-test-secret-0123456789"
