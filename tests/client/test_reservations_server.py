@@ -113,3 +113,5 @@ def test_update_checkpoint_reclasses_and_merges(
     assert client.checkpoint(ckpt.id) == updated
     only_class = client.update_checkpoint(ckpt.id, cls="milestone")
     assert only_class.labels == updated.labels and only_class.metrics == updated.metrics
+    removed = client.update_checkpoint(ckpt.id, labels={"a": None}, metrics={"loss": None})
+    assert removed.labels == {"b": "2"} and removed.metrics == {"eval_loss": 1.5}

@@ -158,19 +158,20 @@ class Client:
         checkpoint_id: str,
         *,
         cls: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        metrics: Mapping[str, float] | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        metrics: Mapping[str, float | None] | None = None,
     ) -> Checkpoint:
         """Re-class a checkpoint (promote the last save to `final`, a good one to
-        `milestone`) and merge labels and metrics into its own; the service audits it and
-        re-evaluates the run. Only the arguments given are sent."""
+        `milestone`) and merge labels and metrics into its own (a key given None is
+        removed); the service audits it and re-evaluates the run. Only the arguments
+        given are sent. Not spooled: `Unavailable` past the deadline."""
         body: dict[str, Any] = {}
         if cls is not None:
             body["class"] = cls
         if labels is not None:
             body["labels"] = dict(labels)
         if metrics is not None:
-            body["metrics"] = {k: float(v) for k, v in metrics.items()}
+            body["metrics"] = {k: None if v is None else float(v) for k, v in metrics.items()}
         answer = self._call("PATCH", f"/v1/checkpoints/{segment(checkpoint_id)}", json=body)
         return Checkpoint.from_json(answer.body)
 
