@@ -49,7 +49,8 @@ def run(*command: str | Path, timeout: float = 300) -> subprocess.CompletedProce
 
 def interpreters() -> list[str]:
     """This one, and Python 3.10 (the oldest the client supports) when the machine has one
-    that runs: a pyenv shim runs a version only when it is selected, hence the second try."""
+    that runs: a version manager's shim may run one only when it is selected, hence the
+    second try with PYENV_VERSION."""
     found = [sys.executable]
     oldest = shutil.which("python3.10")
     if oldest is None:
