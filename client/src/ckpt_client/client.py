@@ -9,19 +9,17 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 
 from ckpt_client.errors import Unavailable
 from ckpt_client.models import Checkpoint, Tier, format_time
+from ckpt_client.run import Run
 from ckpt_client.spool import Entry, ReplayReport, Spool
 from ckpt_client.staging import stage
 from ckpt_client.transport import Answer, Transport, redact, segment
-
-if TYPE_CHECKING:
-    from ckpt_client.run import Run
 
 log = logging.getLogger("ckpt_client")
 
@@ -119,8 +117,6 @@ class Client:
         Not spooled: a job that cannot reach the catalog when it starts gets `Unavailable`
         after the deadline, before it has written anything the catalog would miss.
         `started_at` back-dates a new run (an adopted or simulated one); now if left out."""
-        from ckpt_client.run import Run
-
         body: dict[str, Any] = {"project": project, "name": name, "labels": dict(labels or {})}
         if policy is not None:
             body["policy"] = policy
@@ -134,15 +130,11 @@ class Client:
 
     def get_run(self, run_id: str) -> Run:
         """A run by its id (`NotFound` if there is none)."""
-        from ckpt_client.run import Run
-
         return Run(self, self._call("GET", f"/v1/runs/{segment(run_id)}").body)
 
     def find_run(self, project: str, name: str) -> Run | None:
         """The run `name` of `project`, or None; creates nothing (the API lists runs by
         project, so this pages through the project's runs)."""
-        from ckpt_client.run import Run
-
         for item in self._pages("/v1/runs", {"project": project}):
             if item.get("name") == name:
                 return Run(self, item)
