@@ -7,11 +7,25 @@ import sys
 
 import typer
 
-from app.cli import cost, lifecycle, policies, reconcile, roles, serve, tokens
+from app.cli import (
+    actions,
+    audit,
+    checkpoints,
+    cost,
+    lifecycle,
+    policies,
+    reconcile,
+    roles,
+    runs,
+    serve,
+    tokens,
+)
 from app.cli.remote import root_options
 
 cli = typer.Typer(no_args_is_help=True, callback=root_options)
-for commands in (serve, roles, lifecycle, policies, cost, tokens, reconcile):
+for commands in (serve, roles, runs, checkpoints, actions, lifecycle, policies, cost, tokens):
+    commands.register(cli)
+for commands in (audit, reconcile):
     commands.register(cli)
 
 
