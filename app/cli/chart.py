@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.api.cost_schemas import ForecastRead
+if TYPE_CHECKING:
+    from app.api.cost_schemas import ForecastRead
 
 TB = 10**12
 MISSING = (

@@ -6,17 +6,21 @@ knows the tiers' prices and the stored policies; the chart is drawn here."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from app.api.cost_schemas import ForecastRead
-from app.api.planner_schemas import PlannerRead
 from app.cli.chart import MISSING, can_draw, render_forecast
 from app.cli.lifecycle import what_if
 from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
 from app.cli.remote import Remote, connected, usage
-from app.services.cost.report import GROUPS
+
+if TYPE_CHECKING:  # the answers' models, imported when an answer is read: they pull in the
+    # service's cost code, which a command that only asks need not load to start
+    from app.api.cost_schemas import ForecastRead
+    from app.api.planner_schemas import PlannerRead
+
+GROUPS = ("tier", "project", "run", "class")  # GET /v1/reports/cost's group_by
 
 DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
 TB = 10**12
@@ -221,6 +225,8 @@ def register(cli: typer.Typer) -> None:
         request = {k: v for k, v in body.items() if v is not None}
         with progress(f"forecasting {horizon_days or run_days + 30} days"):
             answer = remote.call("POST", "/v1/forecast", json=request, slow=True)
+        from app.api.cost_schemas import ForecastRead
+
         result = ForecastRead.model_validate(answer)
         if as_json:
             emit_json(answer)
@@ -286,4 +292,6 @@ def register(cli: typer.Typer) -> None:
         if as_json:
             emit_json(answer)
             return
+        from app.api.planner_schemas import PlannerRead
+
         render_sizing(PlannerRead.model_validate(answer))

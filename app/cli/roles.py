@@ -1,22 +1,24 @@
 """`ckpt worker` and `ckpt scheduler`: background roles of the service. Like `serve`, `api`
 and `migrate` (serve.py) they are the service, so they open the database; every other
-command asks the service over HTTP (remote.py)."""
+command asks the service over HTTP (remote.py). Their heavy imports (the scheduler, the
+database, Prometheus) happen when they run, so that those other commands start quickly."""
 
 from __future__ import annotations
 
 import signal
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from prometheus_client import start_http_server
 
-from app.cli.common import Catalog, checked_settings, open_catalog
 from app.cli.output import progress
 from app.logging import configure_logging
-from app.scheduler.runtime import Runtime
-from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.cli.common import Catalog
+    from app.scheduler.runtime import Runtime
+    from app.settings import Settings
 
 DRAIN_LIMIT = 10_000  # as Worker.drain: one `--once` run ends even if actions keep coming
 
@@ -26,10 +28,14 @@ def _serve_metrics(settings: Settings) -> None:
     retries, sweep durations) on CKPT_METRICS_PORT, for Prometheus to scrape each replica.
     They hold no catalog data, so this port asks for no token: keep it inside the cluster."""
     if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
         start_http_server(settings.metrics_port, addr=settings.host)
 
 
 def _runtime(ctx: Catalog, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
+    from app.scheduler.runtime import Runtime
+
     configure_logging()
     return Runtime(
         ctx.factory,
@@ -53,7 +59,13 @@ def _run_until_signal(runtime: Runtime) -> None:
     runtime.stop()
 
 
-def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
+def _checked_settings() -> Settings:
+    from app.cli.common import checked_settings
+
+    return checked_settings()
+
+
+def register(cli: typer.Typer, load: Callable[[], Settings] = _checked_settings) -> None:
     """Add the background roles to `cli`; `load` validates settings or exits."""
 
     @cli.command()
@@ -61,6 +73,8 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
         once: Annotated[bool, typer.Option(help="execute what is due, then exit")] = False,
     ) -> None:
         """Execute ledger actions (run as many as you like). Opens the database."""
+        from app.cli.common import open_catalog
+
         ctx = open_catalog(load())
         runtime = _runtime(ctx, worker=True, scheduler=False, evaluator=False)
         if once:
@@ -78,6 +92,8 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
     def scheduler() -> None:
         """Periodic sweep and purge, and the evaluations registrations ask for (several
         replicas are safe: evaluations take a lock). Opens the database."""
+        from app.cli.common import open_catalog
+
         ctx = open_catalog(load())
         runtime = _runtime(ctx, worker=False, scheduler=True, evaluator=True)
         _serve_metrics(ctx.settings)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import Result
 
+from app.cli import cost
 from app.cost.prices import catalog
+from app.services.cost import report
 from tests.integration.cli_service import Service
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -198,3 +200,8 @@ def test_without_matplotlib_the_forecast_says_which_extra_to_install(
     assert "at run end" not in refused.output and not chart.exists()
     assert answered.exit_code == 0, answered.output
     assert "at run end: 49.0 TB, $1,127.00/month" in answered.output
+
+
+def test_the_command_knows_the_report_s_groups() -> None:
+    """`--group-by` is checked before asking, against the groups the service offers."""
+    assert cost.GROUPS == report.GROUPS

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -171,3 +173,17 @@ def test_audit_trail_filtered_and_readable(catalog: Service, held: Held) -> None
     lines = of_one.stdout.splitlines()
     assert max(cell_len(line) for line in lines) <= 80
     assert "pinned" in of_one.stdout and "registered" in of_one.stdout
+
+
+def test_a_client_command_loads_neither_the_database_nor_the_web_framework() -> None:
+    """An admin's laptop runs `ckpt runs list` often: it imports what asking needs (the
+    client library, typer, rich), none of what serving needs."""
+    probe = (
+        "import sys; from app.cli import cli; "
+        "print(sorted(m for m in ('sqlalchemy', 'fastapi', 'uvicorn', 'alembic', "
+        "'apscheduler', 'prometheus_client', 'boto3', 'matplotlib') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout == "[]\n", result.stderr
