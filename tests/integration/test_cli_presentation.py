@@ -178,3 +178,20 @@ def test_plan_on_a_wide_terminal_shows_every_column(catalog: Service) -> None:
         assert column in header
     row = next(line for line in result.stdout.splitlines() if catalog.ckpts[1]["id"] in line)
     assert "default/rolling-keep-3" in row and "keep_last 3" in row
+
+
+def test_restore_wait_draws_its_wait_on_a_terminal_only(catalog: Service) -> None:
+    """No worker runs, so the wait ends at --max-wait; meanwhile the bar says what it
+    waits for on the terminal, and a pipe gets only the one-line verdict."""
+    args = ("checkpoints", "restore", catalog.ckpts[5]["id"], "--tier", "cold", "--wait",
+            "--max-wait", "1.5")  # fmt: skip
+
+    shown = on_terminal(catalog, *args)
+    piped = catalog.ckpt(*args)
+
+    assert shown.returncode == 1, shown.terminal
+    assert "restoring" in visible(shown.terminal) and "\x1b[" in shown.terminal
+    assert "restoring" not in shown.stdout
+    assert piped.returncode == 1
+    [line] = piped.stderr.splitlines()
+    assert line.startswith("ckpt: restore act_") and line.endswith("did not finish: it is pending")
