@@ -152,3 +152,16 @@ def register(cli: typer.Typer) -> None:
             emit_json({"sweep_id": sweep_id, "action_ids": ids})
             return
         typer.echo(f"sweep {sweep_id}: {len(ids)} actions written to the ledger")
+        held = held_of(remote, set(ids))
+        if held:
+            typer.echo(
+                f"{held} held beyond the blast radius: see `ckpt actions list --state held`, "
+                f"release them with `ckpt actions approve-sweep {sweep_id}`"
+            )
+
+
+def held_of(remote: Remote, ids: set[str]) -> int:
+    """How many of a sweep's actions are held (the ledger lists by state, not by sweep)."""
+    if not ids:
+        return 0
+    return sum(1 for a in remote.items("/v1/actions", {"state": "held"}) if a["id"] in ids)

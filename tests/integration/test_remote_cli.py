@@ -128,6 +128,21 @@ def test_policies_put_show_list_and_delete(catalog: Service, tmp_path: Path) -> 
     assert gone.exit_code == 1 and gone.stderr.startswith("ckpt: Not found: ")
 
 
+def test_a_sweep_says_what_it_held(catalog: Service, tmp_path: Path) -> None:
+    policy = tmp_path / "tight.yaml"
+    policy.write_text(TIGHT)
+    assert catalog.invoke("policies", "put", str(policy)).exit_code == 0
+
+    result = catalog.invoke("sweep", columns=80)
+
+    assert result.exit_code == 0, result.output
+    [written, held] = result.stdout.splitlines()
+    sweep_id = re.fullmatch(r"sweep (swp_\w+): 4 actions written to the ledger", written)
+    assert sweep_id is not None
+    assert held.startswith("4 held beyond the blast radius")
+    assert held.endswith(f"`ckpt actions approve-sweep {sweep_id[1]}`")
+
+
 def test_held_actions_listed_and_approved_one_by_one(catalog: Service, held: Held) -> None:
     listed = catalog.invoke("actions", "list", "--state", "held", "--json")
     table = catalog.invoke("actions", "list", "--state", "held", columns=80)
