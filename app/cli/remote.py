@@ -78,13 +78,19 @@ class Remote:
         makes sure the service answers at all within the short deadline, then waits for
         its answer as long as SLOW_DEADLINE: an unreachable service is said at once, a
         busy one is waited for."""
-        if slow:
-            self.transport.request("GET", "/healthz")
-            until = time.monotonic() + max(self.timeout, SLOW_DEADLINE)
-            return self.transport.request(
-                method, path, json=json, params=params, deadline_at=until
-            ).body
-        return self.transport.request(method, path, json=json, params=params).body
+        try:
+            if slow:
+                self.transport.request("GET", "/healthz")
+                until = time.monotonic() + max(self.timeout, SLOW_DEADLINE)
+                return self.transport.request(
+                    method, path, json=json, params=params, deadline_at=until
+                ).body
+            return self.transport.request(method, path, json=json, params=params).body
+        except ValueError:  # a 2xx that is not JSON: a web page, not the catalog's API
+            raise Unavailable(
+                f"{method} {path}: {self.url} answered, but not with JSON: is --url the "
+                "catalog service?"
+            ) from None
 
     def items(
         self, path: str, params: dict[str, Any] | None = None, *, limit: int | None = None
@@ -167,9 +173,14 @@ def open_remote(
     url = url or given.get("ckpt_url") or os.environ.get("CKPT_URL") or DEFAULT_URL
     token = token or given.get("ckpt_token") or os.environ.get("CKPT_TOKEN") or None
     timeout = timeout or given.get("ckpt_timeout") or DEFAULT_TIMEOUT
-    url = url.rstrip("/")
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-        raise usage(f"--url: an http:// or https:// address, not {redact(url)!r}")
+    given_url, url = url, url.rstrip("/")
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise usage(f"--url: an http:// or https:// address, not {redact(given_url)!r}")
     return Remote(url, token, timeout)
 
 

@@ -9,7 +9,9 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,6 +24,7 @@ from tests.integration.cli_service import Service
 from tests.integration.test_cli import run_ckpt
 from tests.storage.ports import free_port
 
+BAD_URLS = ("ftp://example.com", "http://", "http://host:port", "127.0.0.1:8000")
 TIGHT = "name: default\nrules:\n  - {name: keep-1, class: rolling, keep_last: 1, action: delete}\n"
 
 
@@ -39,6 +42,44 @@ def test_nothing_listening_exits_3_with_one_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+class WebPage(BaseHTTPRequestHandler):
+    """Any web server that is not the catalog: a page for every request."""
+
+    def do_GET(self) -> None:
+        page = b"<html><body>Welcome\n to nginx</body></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_url_that_is_not_the_catalog_is_said_on_one_line(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        answered = CliRunner().invoke(cli, ["runs", "list", "--url", url, "--timeout", "2"])
+        bad = [CliRunner().invoke(cli, ["runs", "list", "--url", u]) for u in BAD_URLS]
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+    assert answered.exit_code == 3, answered.output
+    [line] = answered.stderr.splitlines()
+    assert line == (
+        f"ckpt: unreachable: GET /v1/runs: {url} answered, but not with JSON: is --url the "
+        "catalog service?"
+    )
+    for url_given, result in zip(BAD_URLS, bad, strict=True):
+        assert result.exit_code == 2, (url_given, result.output)
+        assert result.stderr == f"ckpt: --url: an http:// or https:// address, not {url_given!r}\n"
+
+
 def test_connection_options_before_the_command_and_from_the_environment(
     catalog: Service,
 ) -> None:
@@ -48,13 +89,11 @@ def test_connection_options_before_the_command_and_from_the_environment(
     from_env = CliRunner().invoke(
         cli, ["runs", "list", "--json"], env={"CKPT_URL": catalog.url, "CKPT_TOKEN": catalog.admin}
     )
-    bad = CliRunner().invoke(cli, ["runs", "list", "--url", "ftp://example.com"])
 
     assert before.exit_code == 0, before.output
     assert [r["id"] for r in json.loads(before.stdout)] == [catalog.run["id"]]
     assert from_env.exit_code == 0, from_env.output
     assert json.loads(from_env.stdout) == json.loads(before.stdout)
-    assert bad.exit_code == 2 and "http:// or https://" in bad.stderr
 
 
 def test_commands_create_nothing_where_they_run(catalog: Service) -> None:
