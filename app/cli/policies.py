@@ -119,9 +119,16 @@ def put(
 
 @policies_cli.command("delete")
 @connected
-def delete(remote: Remote, name: Annotated[str, typer.Argument(help="the policy's name")]) -> None:
+def delete(
+    remote: Remote,
+    name: Annotated[str, typer.Argument(help="the policy's name")],
+    as_json: JsonOption = False,
+) -> None:
     """Delete a stored policy (DELETE /v1/policies/{name}, admin)."""
     remote.call("DELETE", f"/v1/policies/{segment(name)}")
+    if as_json:
+        emit_json({"name": name, "deleted": True})
+        return
     typer.echo(f"policy {name} deleted")
 
 
@@ -132,22 +139,35 @@ def schema() -> None:
 
 
 @policies_cli.command("validate")
-def validate(files: list[Path]) -> None:
+def validate(files: list[Path], as_json: JsonOption = False) -> None:
     """Validate policy files here, against the default tiers or CKPT_TIERS_FILE's (no
-    service needed; `put` has the service validate against its own)."""
+    service needed; `put` has the service validate against its own). Exit 1 if any is
+    invalid."""
     tiers = local_tier_names()
-    failed = False
+    verdicts: list[dict[str, Any]] = []
     for path in files:
         try:
             policy = validate_policy(parse_yaml(path.read_text(), field=str(path)), tiers)
-            typer.echo(f"{path}: ok ({policy.name}, {len(policy.rules)} rules)")
+            verdict = {"file": str(path), "ok": True, "name": policy.name,
+                       "rules": len(policy.rules)}  # fmt: skip
         except AppError as error:
-            failed = True
-            typer.echo(f"{path}: {error.field}: {error.message}", err=True)
+            verdict = {"file": str(path), "ok": False, "field": error.field,
+                       "error": error.message}  # fmt: skip
         except OSError as error:
-            failed = True
-            typer.echo(f"{path}: {error.strerror or error}", err=True)
-    if failed:
+            verdict = {"file": str(path), "ok": False, "field": None,
+                       "error": error.strerror or str(error)}  # fmt: skip
+        verdicts.append(verdict)
+        if as_json:
+            continue
+        if verdict["ok"]:
+            typer.echo(f"{path}: ok ({verdict['name']}, {verdict['rules']} rules)")
+        elif verdict["field"]:
+            typer.echo(f"{path}: {verdict['field']}: {verdict['error']}", err=True)
+        else:
+            typer.echo(f"{path}: {verdict['error']}", err=True)
+    if as_json:
+        emit_json(verdicts)
+    if not all(v["ok"] for v in verdicts):
         raise typer.Exit(1)
 
 

@@ -98,10 +98,15 @@ def list_(
 @tokens_cli.command("revoke")
 @connected
 def revoke(
-    remote: Remote, token_id: Annotated[str, typer.Argument(help="the token's id (tok_...)")]
+    remote: Remote,
+    token_id: Annotated[str, typer.Argument(help="the token's id (tok_...)")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
 ) -> None:
     """Revoke a token: the next request made with it is refused."""
     remote.call("DELETE", f"/v1/tokens/{segment(token_id)}")
+    if as_json:
+        emit_json({"id": token_id, "revoked": True})
+        return
     typer.echo(f"token {token_id} revoked")
 
 

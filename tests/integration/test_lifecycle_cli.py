@@ -225,6 +225,14 @@ def test_policy_validate_names_file_rule_and_field(tmp_path: Path) -> None:
     assert "when.age" in err and "tape" in err
     assert str(good) not in err
     assert "Traceback" not in err
+    code, out, err = local("policies", "validate", str(good), str(bad), "--json")
+    assert code == 1 and err == ""
+    verdicts = json.loads(out)
+    assert verdicts[0] == {"file": str(good), "ok": True, "name": "good", "rules": 1}
+    assert verdicts[1]["ok"] is False and "tape" in verdicts[1]["error"]
+    assert verdicts[1]["field"].startswith("rules[0]")
+    missing = local("policies", "validate", str(tmp_path / "nowhere.yaml"))
+    assert missing[0] == 1 and "nowhere.yaml" in missing[2] and "Traceback" not in missing[2]
 
 
 def test_policy_validate_knows_the_configured_tiers(tmp_path: Path) -> None:

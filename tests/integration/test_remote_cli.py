@@ -154,7 +154,7 @@ def test_policies_put_show_list_and_delete(catalog: Service, tmp_path: Path) -> 
     refused = catalog.invoke("policies", "put", str(bad))
     listed = catalog.invoke("policies", "list", "--json")
     shown = catalog.invoke("policy", "show", "other")
-    deleted = catalog.invoke("policies", "delete", "other")
+    deleted = catalog.invoke("policies", "delete", "other", "--json")
     gone = catalog.invoke("policies", "show", "other")
 
     assert stored.exit_code == 0, stored.output
@@ -163,7 +163,7 @@ def test_policies_put_show_list_and_delete(catalog: Service, tmp_path: Path) -> 
     assert refused.stderr.startswith("ckpt: Unprocessable entity: ") and "tape" in refused.stderr
     assert [p["name"] for p in json.loads(listed.stdout)] == ["default", "other"]
     assert "copy_to: archive" in shown.stdout and shown.stdout.startswith("# source: api")
-    assert deleted.stdout == "policy other deleted\n"
+    assert json.loads(deleted.stdout) == {"name": "other", "deleted": True}
     assert gone.exit_code == 1 and gone.stderr.startswith("ckpt: Not found: ")
 
 

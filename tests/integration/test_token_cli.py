@@ -60,6 +60,8 @@ def test_token_create_list_revoke(service: Service) -> None:
     everything = json.loads(service.invoke("token", "list", "--all", "--json").stdout)
     [gone] = [row for row in everything if row["id"] == token_id]
     assert gone["revoked_by"] == f"token:{service.admin_id}:ops"
+    again = service.invoke("tokens", "revoke", token_id, "--json")  # harmless twice
+    assert json.loads(again.stdout) == {"id": token_id, "revoked": True}
     unknown = service.invoke("token", "revoke", "tok_nothing")
     assert unknown.exit_code == 1
     assert unknown.stderr.startswith("ckpt: Not found: ") and "tok_nothing" in unknown.stderr
