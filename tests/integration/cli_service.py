@@ -71,7 +71,9 @@ class Service:
         """`ckpt ARGS --url URL --token TOKEN` in this process (the groups' own options
         come after the command, as a person types them)."""
         return CliRunner().invoke(
-            cli, self.args(args, token), env={"COLUMNS": str(columns), "CKPT_URL": None}
+            cli,
+            self.args(args, token),
+            env={"COLUMNS": str(columns), "CKPT_URL": None, "CKPT_TOKEN": None},
         )
 
     def env(self, **extra: str) -> dict[str, str]:
