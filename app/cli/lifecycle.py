@@ -82,6 +82,8 @@ def what_if(policy: str) -> str | dict[str, Any]:
     as the name of a stored policy."""
     path = Path(policy)
     if not path.is_file():
+        if "/" in policy or path.suffix in (".yaml", ".yml"):  # meant as a file: a typo
+            raise usage(f"--policy: no such file {policy!r}")
         return policy
     try:
         document = parse_yaml(path.read_text(), field=str(path))

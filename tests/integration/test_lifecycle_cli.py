@@ -57,6 +57,18 @@ def test_plan_of_one_run_and_a_what_if_policy_file(catalog: Service, tmp_path: P
     assert catalog.actions() == []
 
 
+def test_plan_with_a_stored_policy_by_name_or_a_missing_file(catalog: Service) -> None:
+    by_name = catalog.invoke("plan", "--json", "--policy", "default")
+    unknown = catalog.invoke("plan", "--policy", "nothing")
+    typo = catalog.invoke("plan", "--policy", "what-iff.yaml")
+
+    assert by_name.exit_code == 0, by_name.output
+    assert len(json.loads(by_name.stdout)["actions"]) == 2
+    assert unknown.exit_code == 1 and unknown.stderr.startswith("ckpt: Not found: ")
+    assert typo.exit_code == 2
+    assert typo.stderr == "ckpt: --policy: no such file 'what-iff.yaml'\n"
+
+
 def test_plan_of_an_unknown_run_exits_1_with_the_problem(catalog: Service) -> None:
     result = catalog.invoke("plan", "--run", "run_nothing")
 
