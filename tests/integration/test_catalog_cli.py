@@ -21,10 +21,16 @@ RUN_ID = re.compile(r"run_[0-9a-f]{28}")
 
 def test_runs_list_show_and_end(catalog: Service) -> None:
     with catalog.http() as client:
-        other = client.post("/v1/runs", json={"project": "vision", "name": "run-2"}).json()
+        other = client.post(
+            "/v1/runs",
+            json={"project": "vision", "name": "run-2", "labels": {"team": "cv", "gpu": "h100"}},
+        ).json()
 
     everything = catalog.invoke("runs", "list", "--json")
     llm = catalog.invoke("runs", "list", "--project", "llm", "--json")
+    labelled = catalog.invoke("runs", "list", "--label", "team:cv", "--label", "gpu:h100", "--json")
+    mislabelled = catalog.invoke("runs", "list", "--label", "team:cv", "--label", "gpu:a100")
+    malformed = catalog.invoke("runs", "list", "--label", "team")
     table = catalog.invoke("runs", "list", columns=80)
     shown = catalog.invoke("runs", "show", other["id"], "--json")
     ended = catalog.invoke("runs", "end", other["id"], "--failed", "--json")
@@ -34,6 +40,9 @@ def test_runs_list_show_and_end(catalog: Service) -> None:
     assert everything.exit_code == 0, everything.output
     assert {r["id"] for r in json.loads(everything.stdout)} == {catalog.run["id"], other["id"]}
     assert [r["name"] for r in json.loads(llm.stdout)] == ["run-1"]
+    assert [r["id"] for r in json.loads(labelled.stdout)] == [other["id"]]
+    assert "0 runs" in mislabelled.stdout
+    assert malformed.exit_code == 2 and "KEY:VALUE" in malformed.stderr
     lines = table.stdout.splitlines()
     assert max(cell_len(line) for line in lines) <= 80
     assert sorted(RUN_ID.findall(table.stdout)) == sorted([catalog.run["id"], other["id"]])
