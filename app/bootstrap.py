@@ -55,5 +55,6 @@ def bootstrap_token(factory: sessionmaker[Session], settings: Settings) -> None:
                 )
         if settings.auth == "on" and count_live_admin_tokens(session) == 0:
             log.warning(
-                "no admin token exists: set CKPT_BOOTSTRAP_TOKEN or run `ckpt token create`"
+                "no admin token exists: set CKPT_BOOTSTRAP_TOKEN and restart, then make "
+                "others with `ckpt tokens create`"
             )

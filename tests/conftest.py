@@ -28,10 +28,15 @@ from app.settings import Settings
 from tests.builders import SECRETS, issue_token, token_client
 from tests.figures import print_figures
 
-# The S3 and GCS test servers, one of each per test process. Fixtures imported into
+# The S3 and GCS test servers, one of each per test process, and the catalog service the
+# `ckpt` command's tests talk to. Fixtures imported into
 # several modules would each be a fixture of their own: a server (and an emulator host)
 # per module.
-pytest_plugins = ["tests.storage.gcs_server", "tests.storage.s3_servers"]
+pytest_plugins = [
+    "tests.storage.gcs_server",
+    "tests.storage.s3_servers",
+    "tests.integration.cli_service",
+]
 
 PG_HOST = os.environ.get("CKPT_TEST_PG_HOST", "127.0.0.1")
 PG_ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"

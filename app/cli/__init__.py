@@ -1,4 +1,5 @@
-"""The `ckpt` command: serve, run background roles, and operate the catalog by hand."""
+"""The `ckpt` command: the service's own processes (serve, api, scheduler, worker, migrate,
+which open the database) and everything an operator does to the catalog, over HTTP."""
 
 from __future__ import annotations
 
@@ -6,10 +7,25 @@ import sys
 
 import typer
 
-from app.cli import cost, lifecycle, reconcile, serve, token
+from app.cli import (
+    actions,
+    audit,
+    checkpoints,
+    cost,
+    lifecycle,
+    policies,
+    reconcile,
+    roles,
+    runs,
+    serve,
+    tokens,
+)
+from app.cli.remote import root_options
 
-cli = typer.Typer(help="Checkpoint retention and lifecycle service.", no_args_is_help=True)
-for commands in (serve, lifecycle, token, cost, reconcile):
+cli = typer.Typer(no_args_is_help=True, callback=root_options)
+for commands in (serve, roles, runs, checkpoints, actions, lifecycle, policies, cost, tokens):
+    commands.register(cli)
+for commands in (audit, reconcile):
     commands.register(cli)
 
 

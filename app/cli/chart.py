@@ -1,12 +1,15 @@
-"""A forecast as a picture: bytes per tier over time under the policy (stacked), the bytes
-of keeping everything, and both monthly costs on a second axis. PNG, no display needed."""
+"""A forecast, as the service answered it, as a picture: bytes per tier over time under the
+policy (stacked), the bytes of keeping everything, and both monthly costs on a second axis.
+PNG, no display needed."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.cost.forecast import Forecast
+if TYPE_CHECKING:
+    from app.api.cost_schemas import ForecastRead
 
 TB = 10**12
 MISSING = (
@@ -20,16 +23,16 @@ def can_draw() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def render_forecast(forecast: Forecast, path: Path) -> Path:
+def render_forecast(forecast: ForecastRead, path: Path) -> Path:
     """Write the chart of `forecast` to `path` (PNG) and return the path."""
     # Imported here: plotting is the slow import of the package and only this needs it.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    policy, keep = forecast.with_policy, forecast.keep_everything
+    policy, keep = forecast, forecast.keep_everything
     days = [point.day for point in policy.series]
-    tiers = list(policy.series[0].usage.bytes_by_tier) if policy.series else []
-    stacks = [[p.usage.bytes_by_tier.get(t, 0) / TB for p in policy.series] for t in tiers]
+    tiers = list(policy.series[0].bytes_by_tier) if policy.series else []
+    stacks = [[p.bytes_by_tier.get(t, 0) / TB for p in policy.series] for t in tiers]
     figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -38,7 +41,7 @@ def render_forecast(forecast: Forecast, path: Path) -> Path:
         axes.stackplot(days, *[s for _t, s in shown], labels=[f"on {t}" for t, _s in shown])
     axes.plot(
         days,
-        [p.usage.bytes / TB for p in keep.series],
+        [p.bytes / TB for p in keep.series],
         color="black",
         linewidth=1.5,
         label=f"keep everything (on {tiers[0] if tiers else 'the hottest tier'})",
@@ -47,16 +50,14 @@ def render_forecast(forecast: Forecast, path: Path) -> Path:
     axes.set_ylabel("stored (TB)")
     axes.set_xlim(left=min(days, default=0), right=max(days, default=1))
     axes.set_ylim(bottom=0)
-    run_end = forecast.spec.run_days
+    run_end = forecast.run_days
     axes.axvline(run_end, color="grey", linestyle=":", linewidth=1)
     axes.annotate("run ends", (run_end, 0), xytext=(3, 3), textcoords="offset points")
     cost = axes.twinx()
-    cost.plot(
-        days, [p.usage.usd_month for p in policy.series], color="tab:red", label="$/month, policy"
-    )
+    cost.plot(days, [p.usd_month for p in policy.series], color="tab:red", label="$/month, policy")
     cost.plot(
         days,
-        [p.usage.usd_month for p in keep.series],
+        [p.usd_month for p in keep.series],
         color="tab:red",
         linestyle="--",
         label="$/month, keep everything",
@@ -66,11 +67,11 @@ def render_forecast(forecast: Forecast, path: Path) -> Path:
     handles, labels = axes.get_legend_handles_labels()
     more, more_labels = cost.get_legend_handles_labels()
     axes.legend(handles + more, labels + more_labels, loc="upper left", fontsize="small")
-    runs = forecast.spec.concurrent_runs
+    runs = forecast.concurrent_runs
     axes.set_title(
         f"{forecast.policy}: {runs} run{'s' if runs != 1 else ''} of "
-        f"{forecast.spec.run_days} days, {forecast.spec.checkpoint_bytes / TB:g} TB checkpoints; "
-        f"saves ${forecast.savings_usd:,.0f} over {forecast.spec.horizon} days"
+        f"{forecast.run_days} days, {forecast.checkpoint_bytes / TB:g} TB checkpoints; "
+        f"saves ${forecast.savings_usd:,.0f} over {forecast.horizon_days} days"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

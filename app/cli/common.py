@@ -1,21 +1,18 @@
-"""What every command shares: settings checked up front, the database brought to the
-latest schema, the tiers and policy files loaded, the operator's name, and one way to
-say what went wrong. A command is a job: it owns its transactions (session_scope)."""
+"""What the commands that are the service (serve, api, scheduler, worker, migrate) share:
+settings checked up front, the database brought to the latest schema, the tiers and policy
+files loaded, and one way to say what went wrong. Such a command is a job: it owns its
+transactions (session_scope). Every other command asks the service (remote.py)."""
 
 from __future__ import annotations
 
-import getpass
 from dataclasses import dataclass, field
 
 import typer
-from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.bootstrap import load_policies_into
 from app.db import migrate as migrations
 from app.db.session import make_engine, make_session_factory
-from app.domain.access import operator_actor
-from app.domain.errors import AppError
 from app.domain.tier import Tier
 from app.logging import configure_logging
 from app.policy.loading import PolicyFileError, load_policy_files
@@ -69,28 +66,7 @@ def open_catalog(
     return Catalog(settings, factory, tiers)
 
 
-def operator() -> str:
-    """The actor of a command run by someone with database access: their login name."""
-    try:
-        return operator_actor(getpass.getuser())
-    except (OSError, KeyError):  # no login name in this environment
-        return operator_actor("unknown")
-
-
 def fail(message: str, code: int = 2) -> typer.Exit:
     """`ckpt: <message>` on stderr; raise what it returns."""
     typer.echo(f"ckpt: {message}", err=True)
     return typer.Exit(code)
-
-
-def refused(error: AppError | ValidationError, code: int = 2) -> typer.Exit:
-    """The service's refusal, or a request model's, said as the API would name the field."""
-    if isinstance(error, ValidationError):
-        return fail(
-            "; ".join(
-                f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}"
-                for item in error.errors()
-            ),
-            code,
-        )
-    return fail(f"{error.field}: {error.message}" if error.field else error.message, code)

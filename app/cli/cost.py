@@ -1,29 +1,26 @@
 """`ckpt report`, `ckpt forecast`, `ckpt planner`: what checkpoints cost now, what a run
-will cost under a policy (with a chart), and how big and how often to checkpoint."""
+will cost under a policy (with a chart), and how big and how often to checkpoint. Each
+asks the service (`GET /v1/reports/cost`, `POST /v1/forecast`, `POST /v1/planner`), which
+knows the tiers' prices and the stored policies; the chart is drawn here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from app.api.cost_schemas import ForecastRead, ForecastRequest, forecast_read, report_read
-from app.api.planner_schemas import PlannerRead, PlannerRequest, planner_read
 from app.cli.chart import MISSING, can_draw, render_forecast
-from app.cli.common import checked_settings, fail, open_catalog, refused
+from app.cli.lifecycle import what_if
 from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
-from app.cost.forecast import forecast as run_forecast
-from app.cost.planner import size
-from app.db.session import session_scope
-from app.domain.errors import AppError
-from app.policy.loading import parse_yaml
-from app.services.cost.inputs import resolve_policy, tier_prices
-from app.services.cost.report import GROUPS, cost_report
-from app.settings import Settings
-from app.tiers_config import load_tiers
+from app.cli.remote import Remote, connected, usage
+
+if TYPE_CHECKING:  # the answers' models, imported when an answer is read: they pull in the
+    # service's cost code, which a command that only asks need not load to start
+    from app.api.cost_schemas import ForecastRead
+    from app.api.planner_schemas import PlannerRead
+
+GROUPS = ("tier", "project", "run", "class")  # GET /v1/reports/cost's group_by
 
 DEFAULT_SCHEDULE = ("rolling=3h", "milestone=1d", "final=end")
 TB = 10**12
@@ -35,7 +32,7 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     for value in values:
         name, sep, rest = value.partition("=")
         if not sep or not name or not rest:
-            raise fail(f"{option}: expected NAME=VALUE, got {value!r}")
+            raise usage(f"{option}: expected NAME=VALUE, got {value!r}")
         out[name.strip()] = rest.strip()
     return out
 
@@ -142,11 +139,13 @@ def render_sizing(result: PlannerRead) -> None:
         typer.echo(f"{output}: also needs {', '.join(needs)}")
 
 
-def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) -> None:
-    """Add the cost commands to `cli`; `load` validates settings or exits."""
+def register(cli: typer.Typer) -> None:
+    """Add the cost commands to `cli`."""
 
     @cli.command()
+    @connected
     def report(
+        remote: Remote,
         group_by: Annotated[
             str, typer.Option("--group-by", help=f"one of {', '.join(GROUPS)}")
         ] = "tier",
@@ -155,19 +154,24 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
     ) -> None:
         """What the catalog stores and costs a month, trashed checkpoints included."""
         if group_by not in GROUPS:
-            raise fail(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
-        catalog = open_catalog(load())
-        with progress("costing the catalog"), session_scope(catalog.factory) as session:
-            body = report_read(
-                cost_report(session, tiers=catalog.tiers, group_by=group_by, project=project)
-            ).model_dump(mode="json")
+            raise usage(f"--group-by: one of {', '.join(GROUPS)}, not {group_by!r}")
+        params = {"group_by": group_by, "project": project}
+        with progress("costing the catalog"):
+            body = remote.call(
+                "GET",
+                "/v1/reports/cost",
+                params={k: v for k, v in params.items() if v is not None},
+                slow=True,
+            )
         if as_json:
             emit_json(body)
             return
         render_report(body)
 
     @cli.command()
+    @connected
     def forecast(
+        remote: Remote,
         run_days: Annotated[int, typer.Option(help="length of the run in days")],
         checkpoint_bytes: Annotated[
             float | None, typer.Option(help="bytes per checkpoint, e.g. 1e12")
@@ -204,57 +208,39 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
     ) -> None:
         """What a run (or N runs) will store and cost under a policy, beside keeping
         everything; prints a table and writes a chart."""
-        policy_file = Path(policy)
-        needs_catalog = not policy_file.is_file()
-        catalog = open_catalog(load()) if needs_catalog else None
-        tiers = catalog.tiers if catalog else load_tiers(load())
-        document: str | dict[str, Any] = policy
-        if not needs_catalog:
-            parsed = parse_yaml(policy_file.read_text(), field=str(policy_file))
-            if not isinstance(parsed, dict):
-                raise fail(f"{policy_file}: a policy must be a mapping with name and rules")
-            document = parsed
         body: dict[str, Any] = {
             "checkpoint_bytes": checkpoint_bytes,
             "parameters": parameters,
             "bytes_per_parameter": bytes_per_parameter,
             "run_days": run_days,
             "schedule": _pairs(list(schedule or DEFAULT_SCHEDULE), "--schedule"),
-            "policy": document,
+            "policy": what_if(policy),
             "concurrent_runs": concurrent_runs,
             "horizon_days": horizon_days,
             "metrics": metrics,
             "prices": _prices(list(price or [])) or None,
         }
-        try:
-            request = ForecastRequest.model_validate(
-                {k: v for k, v in body.items() if v is not None}
-            )
-            spec = request.to_spec()
-            if catalog is not None:
-                with session_scope(catalog.factory) as session:
-                    chosen = resolve_policy(session, tiers, request.policy)
-            else:
-                chosen = resolve_policy(None, tiers, request.policy)
-            prices = tier_prices(tiers, request.price_overrides())
-            with progress(f"forecasting {spec.horizon} days"):
-                result = run_forecast(spec, chosen, tiers, prices)
-        except (ValidationError, AppError) as error:
-            raise refused(error) from None
-        if not no_chart and not can_draw():  # before the table: no half an answer
-            raise fail(MISSING)
-        read = forecast_read(result, prices)
+        if not no_chart and not can_draw():  # before asking: no half an answer
+            raise usage(MISSING)
+        request = {k: v for k, v in body.items() if v is not None}
+        with progress(f"forecasting {horizon_days or run_days + 30} days"):
+            answer = remote.call("POST", "/v1/forecast", json=request, slow=True)
+        from app.api.cost_schemas import ForecastRead
+
+        result = ForecastRead.model_validate(answer)
         if as_json:
-            emit_json(read.model_dump(mode="json"))
+            emit_json(answer)
         else:
-            render_forecast_table(read, every)
+            render_forecast_table(result, every)
         if not no_chart:
             with progress(f"drawing {chart}"):
                 written = render_forecast(result, chart)
             typer.echo(f"chart: {written}", err=as_json)
 
     @cli.command()
+    @connected
     def planner(
+        remote: Remote,
         parameters: Annotated[
             float | None, typer.Option(help="model parameters, e.g. 70e9")
         ] = None,
@@ -301,16 +287,11 @@ def register(cli: typer.Typer, load: Callable[[], Settings] = checked_settings) 
             "gpus": gpus,
             "usd_per_gpu_hour": usd_per_gpu_hour,
         }
-        try:
-            request = PlannerRequest.model_validate(
-                {k: v for k, v in body.items() if v is not None}
-            )
-            result = planner_read(size(request.to_inputs()))
-        except ValidationError as error:
-            raise refused(error) from None
-        except AppError as error:
-            raise refused(error) from None
+        request = {k: v for k, v in body.items() if v is not None}
+        answer = remote.call("POST", "/v1/planner", json=request)
         if as_json:
-            emit_json(result.model_dump(exclude_none=True))
+            emit_json(answer)
             return
-        render_sizing(result)
+        from app.api.planner_schemas import PlannerRead
+
+        render_sizing(PlannerRead.model_validate(answer))

@@ -67,6 +67,16 @@ def moment(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M") if value is not None else ""
 
 
+def moment_text(iso: str | None) -> str:
+    """An ISO 8601 timestamp of an answer, to the minute, for a table cell."""
+    if not iso:
+        return ""
+    try:
+        return moment(datetime.fromisoformat(iso.replace("Z", "+00:00")))
+    except ValueError:
+        return iso
+
+
 def emit_json(document: Any) -> None:
     """`document` as indented JSON on stdout, and nothing else."""
     typer.echo(json.dumps(document, indent=2))
@@ -170,6 +180,13 @@ class Tick:
     def advance(self, steps: int = 1) -> None:
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, steps)
+
+    def update(self, *, completed: float, total: float | None, description: str) -> None:
+        """Where a wait stands: `completed` of `total` (None: not known yet)."""
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task, completed=completed, total=total, description=description
+            )
 
 
 class _Count(ProgressColumn):

@@ -39,11 +39,6 @@ def rule_actor(rule: str) -> str:
     return f"rule:{rule}"
 
 
-def operator_actor(user: str) -> str:
-    """Someone running a `ckpt` command with database access (their login name)."""
-    return f"cli:{user[:100]}"
-
-
 def granted(scopes: Iterable[str]) -> frozenset[str]:
     """Every scope that `scopes` grant, implied ones included."""
     out: frozenset[str] = frozenset()

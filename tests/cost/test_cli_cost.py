@@ -1,53 +1,34 @@
-"""`ckpt report`, `ckpt forecast` and `ckpt planner` as an operator runs them, on a SQLite
-catalog with the shipped default policy: readable tables, JSON, and the forecast chart."""
+"""`ckpt report`, `ckpt forecast` and `ckpt planner` as an operator runs them, against a real
+service with the shipped default policy (SQLite and PostgreSQL): readable tables, JSON,
+and the forecast chart, drawn here from the service's answer."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-import typer
-from fastapi.testclient import TestClient
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from app.cli.cost import register
+from app.cli import cost
 from app.cost.prices import catalog
-from app.db.migrate import upgrade
-from app.main import NO_BACKGROUND, create_app
-from app.settings import Settings
-from tests.cost.helpers import SHIPPED_POLICY
+from app.services.cost import report
+from tests.integration.cli_service import Service
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def cli_settings(tmp_path: Path) -> Settings:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    shutil.copy(SHIPPED_POLICY, policies / "default.yaml")
-    return Settings(
-        database_url=f"sqlite:///{tmp_path / 'ckpt.db'}",
-        data_dir=tmp_path / "data",
-        policies_dir=policies,
-        auth="off",
-    )
+def ckpt(service: Service) -> Service:
+    return service
 
 
-@pytest.fixture
-def ckpt(cli_settings: Settings) -> typer.Typer:
-    cli = typer.Typer()
-    register(cli, lambda: cli_settings)
-    return cli
+def run(service: Service, *args: str) -> Result:
+    return service.invoke(*args, columns=200)
 
 
-def run(cli: typer.Typer, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"})
-
-
-def test_forecast_prints_the_worked_example_and_draws_it(ckpt: typer.Typer, tmp_path: Path) -> None:
+def test_forecast_prints_the_worked_example_and_draws_it(ckpt: Service, tmp_path: Path) -> None:
     chart = tmp_path / "out" / "forecast.png"
 
     result = run(
@@ -61,7 +42,7 @@ def test_forecast_prints_the_worked_example_and_draws_it(ckpt: typer.Typer, tmp_
     assert chart.read_bytes().startswith(PNG)
 
 
-def test_forecast_as_json_for_twenty_runs_of_a_70b_model(ckpt: typer.Typer, tmp_path: Path) -> None:
+def test_forecast_as_json_for_twenty_runs_of_a_70b_model(ckpt: Service, tmp_path: Path) -> None:
     result = run(
         ckpt, "forecast", "--parameters", "70e9", "--bytes-per-parameter", "12",
         "--run-days", "45", "--concurrent-runs", "20", "--price", "*=0.023", "--json",
@@ -76,9 +57,7 @@ def test_forecast_as_json_for_twenty_runs_of_a_70b_model(ckpt: typer.Typer, tmp_
     assert not (tmp_path / "unwanted.png").exists()
 
 
-def test_forecast_from_a_policy_file_with_a_catalog_price(
-    ckpt: typer.Typer, tmp_path: Path
-) -> None:
+def test_forecast_from_a_policy_file_with_a_catalog_price(ckpt: Service, tmp_path: Path) -> None:
     policy = tmp_path / "what-if.yaml"
     policy.write_text(
         "name: what-if\nrules:\n"
@@ -100,16 +79,13 @@ def test_forecast_from_a_policy_file_with_a_catalog_price(
     assert body["prices"]["cold"]["catalog"] == "aws/GLACIER_IR"
 
 
-def test_a_star_price_means_what_it_means_to_the_api(
-    ckpt: typer.Typer, cli_settings: Settings
-) -> None:
+def test_a_star_price_means_what_it_means_to_the_api(ckpt: Service) -> None:
     """`--price '*=USD'` and the API's `"prices": {"*": ...}` are one what-if: a tier named
     too wins over the star whichever comes first, on the command line as over HTTP."""
     args = ["forecast", "--checkpoint-bytes", "1e12", "--run-days", "10", "--json", "--no-chart"]
     star_last = run(ckpt, *args, "--price", "cold=aws/GLACIER_IR", "--price", "*=0.023")
     star_first = run(ckpt, *args, "--price", "*=0.023", "--price", "cold=aws/GLACIER_IR")
-    upgrade(cli_settings.database_url)
-    with TestClient(create_app(cli_settings, roles=NO_BACKGROUND)) as client:
+    with ckpt.http() as client:
         response = client.post(
             "/v1/forecast",
             json={
@@ -138,22 +114,32 @@ def test_a_star_price_means_what_it_means_to_the_api(
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (["--run-days", "45"], "checkpoint_bytes"),
-        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--policy", "nope"], "no policy"),
-        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--schedule", "rolling"], "NAME=VALUE"),
-        (["--checkpoint-bytes", "1.5", "--run-days", "45"], "whole number"),
-        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--price", "moon=1"], "moon"),
+        (["--run-days", "45"], 1, "checkpoint_bytes"),
+        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--policy", "nope"], 1, "no policy"),
+        (
+            ["--checkpoint-bytes", "1e12", "--run-days", "45", "--schedule", "rolling"],
+            2,
+            "NAME=VALUE",
+        ),
+        (["--checkpoint-bytes", "1.5", "--run-days", "45"], 1, "whole number"),
+        (["--checkpoint-bytes", "1e12", "--run-days", "45", "--price", "moon=1"], 1, "moon"),
     ],
 )
-def test_forecast_refuses_bad_input(ckpt: typer.Typer, args: list[str], message: str) -> None:
+def test_forecast_refuses_bad_input(
+    ckpt: Service, args: list[str], code: int, message: str
+) -> None:
+    """What the service refuses exits 1 with its problem; what is malformed on the command
+    line never leaves it (exit 2)."""
     result = run(ckpt, "forecast", "--no-chart", *args)
-    assert result.exit_code == 2
-    assert message in result.output
+    assert result.exit_code == code, result.output
+    [line] = result.stderr.splitlines()
+    assert message in line and line.startswith("ckpt: ")
+    assert result.stdout == ""
 
 
-def test_planner(ckpt: typer.Typer) -> None:
+def test_planner(ckpt: Service) -> None:
     result = run(
         ckpt, "planner", "--parameters", "70e9", "--interval", "1h", "--allowed-overlap", "0.1",
         "--write-seconds", "60", "--mtbf", "24h", "--checkpoints", "1000", "--gpus", "8",
@@ -168,7 +154,7 @@ def test_planner(ckpt: typer.Typer) -> None:
     assert "synchronous stall cost: $541.33" in result.output
 
 
-def test_planner_json_and_refusals(ckpt: typer.Typer) -> None:
+def test_planner_json_and_refusals(ckpt: Service) -> None:
     result = run(ckpt, "planner", "--parameters", "405e9", "--recipe", "fp32-master-adam", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
@@ -177,10 +163,10 @@ def test_planner_json_and_refusals(ckpt: typer.Typer) -> None:
         "incomplete": {},
     }
     refused = run(ckpt, "planner", "--recipe", "fp32-master-adam")
-    assert refused.exit_code == 2 and "only with parameters" in refused.output
+    assert refused.exit_code == 1 and "only with parameters" in refused.stderr
 
 
-def test_report(ckpt: typer.Typer) -> None:
+def test_report(ckpt: Service) -> None:
     table = run(ckpt, "report")
     assert table.exit_code == 0, table.output
     assert "cost by tier" in table.output and "total: 0 B, $0.00/month" in table.output
@@ -198,7 +184,7 @@ def test_report(ckpt: typer.Typer) -> None:
 
 
 def test_without_matplotlib_the_forecast_says_which_extra_to_install(
-    ckpt: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ckpt: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server image has no matplotlib (the `chart` extra): the forecast says so before
     it prints anything, and still answers with --no-chart."""
@@ -209,8 +195,13 @@ def test_without_matplotlib_the_forecast_says_which_extra_to_install(
     refused = run(ckpt, *args, "--chart", str(chart))
     answered = run(ckpt, *args, "--no-chart")
 
-    assert refused.exit_code == 2
+    assert refused.exit_code == 2  # it would never draw: said before anything is asked
     assert "pip install 'ckpt-lifecycle[chart]'" in refused.output
     assert "at run end" not in refused.output and not chart.exists()
     assert answered.exit_code == 0, answered.output
     assert "at run end: 49.0 TB, $1,127.00/month" in answered.output
+
+
+def test_the_command_knows_the_report_s_groups() -> None:
+    """`--group-by` is checked before asking, against the groups the service offers."""
+    assert cost.GROUPS == report.GROUPS

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
-from app.cli.lifecycle import register
+from app.cli import cli
 from app.settings import Settings
 from tests.builders import (
     ago,
@@ -30,6 +29,7 @@ from tests.builders import (
     with_tiers,
 )
 from tests.cost.conftest import cost_app
+from tests.integration.cli_service import serve
 
 GB = 10**9
 # USD per GB-month, per 1,000 requests, minimum days: local tiers priced like S3 classes.
@@ -195,13 +195,13 @@ def test_the_contract_says_how_each_total_is_keyed(money_client: TestClient) -> 
 
 
 def test_ckpt_plan_prints_the_dollars_within_80_columns(
-    money_settings: Settings, ended_run: Run
+    money_settings: Settings, clean_engine: Engine, ended_run: Run
 ) -> None:
-    cli = typer.Typer()
-    register(cli, lambda: money_settings)
-
-    table = CliRunner().invoke(cli, ["plan", "--project", "proj"], env={"COLUMNS": "80"})
-    as_json = CliRunner().invoke(cli, ["plan", "--project", "proj", "--json"])
+    """`ckpt plan` asks a real service (the same catalog served over HTTP) for the plan."""
+    with serve(cost_app(money_settings, clean_engine)) as url:
+        args = ["plan", "--project", "proj", "--url", url]
+        table = CliRunner().invoke(cli, args, env={"COLUMNS": "80"})
+        as_json = CliRunner().invoke(cli, [*args, "--json"])
 
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()

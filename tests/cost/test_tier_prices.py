@@ -108,10 +108,12 @@ def test_ckpt_refuses_to_start_on_a_bad_price(
     monkeypatch.setenv("CKPT_TIERS_FILE", str(path))
     monkeypatch.setenv("CKPT_DATABASE_URL", f"sqlite:///{tmp_path / 'ckpt.db'}")
 
-    result = CliRunner().invoke(cli, ["report"])
+    for command in (["migrate"], ["worker", "--once"]):  # the commands that read tiers
+        result = CliRunner().invoke(cli, command)
 
-    assert result.exit_code == 2
-    assert "tiers[0].price.catalog" in result.output
+        assert result.exit_code == 2
+        assert "tiers[0].price.catalog" in result.output
+    assert not (tmp_path / "ckpt.db").exists()
 
 
 def test_the_ckpt_command_has_the_cost_commands() -> None:
@@ -119,9 +121,6 @@ def test_the_ckpt_command_has_the_cost_commands() -> None:
     assert result.exit_code == 0
     for command in ("report", "forecast", "planner"):
         assert command in result.output
-    planner = CliRunner().invoke(cli, ["planner", "--parameters", "70e9"])
-    assert planner.exit_code == 0, planner.output
-    assert "checkpoint size: 980.0 GB (14 bytes per parameter)" in planner.output
 
 
 @pytest.fixture

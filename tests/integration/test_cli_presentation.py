@@ -1,6 +1,6 @@
-"""What a person sees from `ckpt`: progress while a command works when stderr is a terminal
-(a real pseudo-terminal) and not a byte of it when piped; `--json` that carries what the
-table shows; tables that fit 80 columns with every id whole."""
+"""What a person sees from `ckpt`, against a real service: progress while a command works
+when stderr is a terminal (a real pseudo-terminal) and not a byte of it when piped; `--json`
+that carries what the table shows; tables that fit 80 columns with every id whole."""
 
 from __future__ import annotations
 
@@ -14,25 +14,17 @@ import struct
 import subprocess
 import termios
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from rich.cells import cell_len
 from sqlalchemy import select as sql_select
 
 from app.db.models import Action, Sweep
-from app.db.session import make_engine
-from tests.integration.test_lifecycle_cli import CKPT, Setup, make_setup
+from tests.integration.cli_service import CKPT, Service
 
 CHECKPOINT_ID = re.compile(r"ckpt_[0-9a-f]{28}")
 # Settings of the calling environment that would tell rich to draw, or not, regardless
 TERMINAL_OVERRIDES = ("FORCE_TERMINAL", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR")
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> Setup:
-    """The lifecycle commands' catalog: one run, five rolling checkpoints, two to delete."""
-    return make_setup(tmp_path)
 
 
 @dataclass
@@ -42,15 +34,18 @@ class OnTerminal:
     terminal: str  # everything written to the pseudo-terminal, control sequences included
 
 
-def on_terminal(setup: Setup, *args: str) -> OnTerminal:
-    """`ckpt ARGS` with stderr on a 100x24 pseudo-terminal and stdout on a pipe."""
-    env = {k: v for k, v in setup.env().items() if k not in TERMINAL_OVERRIDES}
+def on_terminal(catalog: Service, *args: str) -> OnTerminal:
+    """`ckpt ARGS` with stderr on a 100x24 pseudo-terminal and stdout on a pipe; against
+    the service, or with the database for the roles that open it (`worker`)."""
+    serving = args[0] == "worker"
+    env = catalog.database_env() if serving else catalog.env()
+    env = {k: v for k, v in env.items() if k not in TERMINAL_OVERRIDES}
     env["TERM"] = "xterm-256color"
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     process = subprocess.Popen(
-        [str(CKPT), *args],
-        cwd=setup.root,
+        [str(CKPT), *(args if serving else catalog.args(args, None))],
+        cwd=catalog.cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -98,13 +93,13 @@ def visible(terminal: str) -> str:
     ],
 )
 def test_progress_on_a_terminal_and_none_when_piped(
-    setup: Setup, sweep_first: bool, args: tuple[str, ...], doing: str
+    catalog: Service, sweep_first: bool, args: tuple[str, ...], doing: str
 ) -> None:
     if sweep_first:
-        assert setup.ckpt("sweep").returncode == 0
+        assert catalog.invoke("sweep").exit_code == 0
 
-    shown = on_terminal(setup, *args)
-    piped = setup.ckpt(*args)
+    shown = on_terminal(catalog, *args)
+    piped = catalog.serving(*args) if args[0] == "worker" else catalog.ckpt(*args)
 
     assert shown.returncode == 0, shown.terminal
     assert doing in visible(shown.terminal)
@@ -124,52 +119,48 @@ def test_progress_on_a_terminal_and_none_when_piped(
 # --- --json carries what the table shows -------------------------------------------------
 
 
-def test_sweep_dry_run_json_carries_the_table_s_actions(setup: Setup) -> None:
-    table = setup.ckpt("sweep", "--dry-run", COLUMNS="80")
-    document = setup.ckpt("sweep", "--dry-run", "--json")
+def test_sweep_dry_run_json_carries_the_table_s_actions(catalog: Service) -> None:
+    table = catalog.invoke("sweep", "--dry-run", columns=80)
+    document = catalog.invoke("sweep", "--dry-run", "--json")
 
-    assert table.returncode == 0 and document.returncode == 0, (table.stderr, document.stderr)
+    assert table.exit_code == 0 and document.exit_code == 0, (table.output, document.output)
     plan = json.loads(document.stdout)
     listed = {a["checkpoint_id"]: a for a in plan["actions"]}
-    assert sorted(listed) == sorted(setup.ckpts[s]["id"] for s in (1, 2))
+    assert sorted(listed) == sorted(catalog.ckpts[s]["id"] for s in (1, 2))
     assert set(CHECKPOINT_ID.findall(table.stdout)) == set(listed)
     assert f"{len(listed)} planned actions" in table.stdout
     assert {a["kind"] for a in listed.values()} == {"delete"}
     assert {a["step"] for a in listed.values()} == {1, 2}
-    assert plan["totals"]["deleted_bytes_by_tier"] == {"hot": 2 * setup.ckpts[1]["size_bytes"]}
-    assert setup.actions() == []
+    assert plan["totals"]["deleted_bytes_by_tier"] == {"hot": 2 * catalog.ckpts[1]["size_bytes"]}
+    assert catalog.actions() == []
 
 
-def test_sweep_json_names_the_sweep_and_the_actions_it_wrote(setup: Setup) -> None:
-    result = setup.ckpt("sweep", "--json")
+def test_sweep_json_names_the_sweep_and_the_actions_it_wrote(catalog: Service) -> None:
+    result = catalog.invoke("sweep", "--json")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    engine = make_engine(setup.url, pool_size=1)
-    try:
-        with engine.connect() as conn:
-            sweeps = conn.execute(sql_select(Sweep.id)).scalars().all()
-            written = conn.execute(sql_select(Action.id, Action.sweep_id)).all()
-    finally:
-        engine.dispose()
+    with catalog.engine.connect() as conn:
+        sweeps = conn.execute(sql_select(Sweep.id)).scalars().all()
+        written = conn.execute(sql_select(Action.id, Action.sweep_id)).all()
     assert document == {"sweep_id": sweeps[0], "action_ids": document["action_ids"]}
     assert sorted(document["action_ids"]) == sorted(a for a, _ in written)
     assert {s for _, s in written} == {document["sweep_id"]} and len(written) == 2
-    again = json.loads(setup.ckpt("sweep", "--json").stdout)
+    again = json.loads(catalog.invoke("sweep", "--json").stdout)
     assert again["action_ids"] == []
 
 
 # --- 80 columns ------------------------------------------------------------------------------
 
 
-def test_plan_at_80_columns_keeps_every_id_whole(setup: Setup) -> None:
-    result = setup.ckpt("plan", "--kept", COLUMNS="80")
+def test_plan_at_80_columns_keeps_every_id_whole(catalog: Service) -> None:
+    result = catalog.invoke("plan", "--kept", columns=80)
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert max(cell_len(line) for line in lines) <= 80
     assert sorted(CHECKPOINT_ID.findall(result.stdout)) == sorted(
-        c["id"] for c in setup.ckpts.values()
+        c["id"] for c in catalog.ckpts.values()
     )
     assert "…" not in result.stdout
     header = next(line for line in lines if "checkpoint" in line and "reason" in line)
@@ -178,12 +169,29 @@ def test_plan_at_80_columns_keeps_every_id_whole(setup: Setup) -> None:
     assert all(" " in r for r in reasons if r), reasons  # lines of words, not one word a line
 
 
-def test_plan_on_a_wide_terminal_shows_every_column(setup: Setup) -> None:
-    result = setup.ckpt("plan", COLUMNS="250")
+def test_plan_on_a_wide_terminal_shows_every_column(catalog: Service) -> None:
+    result = catalog.invoke("plan", columns=250)
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     header = next(line for line in result.stdout.splitlines() if "checkpoint" in line)
     for column in ("step", "kind", "from", "to", "bytes", "state", "rule", "reason"):
         assert column in header
-    row = next(line for line in result.stdout.splitlines() if setup.ckpts[1]["id"] in line)
+    row = next(line for line in result.stdout.splitlines() if catalog.ckpts[1]["id"] in line)
     assert "default/rolling-keep-3" in row and "keep_last 3" in row
+
+
+def test_restore_wait_draws_its_wait_on_a_terminal_only(catalog: Service) -> None:
+    """No worker runs, so the wait ends at --max-wait; meanwhile the bar says what it
+    waits for on the terminal, and a pipe gets only the one-line verdict."""
+    args = ("checkpoints", "restore", catalog.ckpts[5]["id"], "--tier", "cold", "--wait",
+            "--max-wait", "1.5")  # fmt: skip
+
+    shown = on_terminal(catalog, *args)
+    piped = catalog.ckpt(*args)
+
+    assert shown.returncode == 1, shown.terminal
+    assert "restoring" in visible(shown.terminal) and "\x1b[" in shown.terminal
+    assert "restoring" not in shown.stdout
+    assert piped.returncode == 1
+    [line] = piped.stderr.splitlines()
+    assert line.startswith("ckpt: restore act_") and line.endswith("did not finish: it is pending")

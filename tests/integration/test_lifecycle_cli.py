@@ -1,108 +1,31 @@
-"""`ckpt plan`, `ckpt sweep`, `ckpt worker --once` and `ckpt policy ...` as an operator runs
-them: real processes configured by environment variables, on a SQLite catalog and local
-tiers under a temporary directory."""
+"""`ckpt plan`, `ckpt sweep` and `ckpt policy ...` as an operator runs them, against a real
+service (uvicorn, access control on, SQLite and PostgreSQL), and `ckpt worker --once`,
+which is the service and opens the database itself."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
+from typer.testing import CliRunner
 
-from app.db.migrate import upgrade
+from app.cli import cli
 from app.db.models import Action, Sweep
-from app.db.session import make_engine
-from app.main import NO_BACKGROUND, create_app
-from app.settings import Settings
-from tests.builders import make_run, place_checkpoint, step_dir, step_files, tree
-
-CKPT = Path(sys.executable).parent / "ckpt"
-SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+from tests.builders import issue_token, step_dir, step_files, tree
+from tests.integration.cli_service import SHIPPED_POLICY, Service
 
 
-@dataclass
-class Setup:
-    root: Path
-    url: str
-    data_dir: Path
-    policies_dir: Path
-    run: dict[str, Any]
-    ckpts: dict[int, dict[str, Any]]
+def test_plan_json_shows_actions_kept_and_totals(catalog: Service) -> None:
+    result = catalog.invoke("plan", "--json")
 
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CKPT_")}
-        env.update(
-            CKPT_DATABASE_URL=self.url,
-            CKPT_DATA_DIR=str(self.data_dir),
-            CKPT_POLICIES_DIR=str(self.policies_dir),
-            CKPT_AUTH="off",
-            COLUMNS="250",  # wide tables: no cell is cut short
-        )
-        env.update(extra)
-        return env
-
-    def ckpt(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(CKPT), *args],
-            cwd=self.root,
-            env=self.env(**extra),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    def actions(self) -> list[tuple[str, str, str, str]]:
-        """(checkpoint id, kind, state, rule) of every ledger row."""
-        engine = make_engine(self.url, pool_size=1)
-        try:
-            with engine.connect() as conn:
-                rows = conn.execute(
-                    select(Action.checkpoint_id, Action.kind, Action.state, Action.rule)
-                ).all()
-        finally:
-            engine.dispose()
-        return sorted((r[0], r[1], r[2], r[3]) for r in rows)
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> Setup:
-    return make_setup(tmp_path)
-
-
-def make_setup(tmp_path: Path) -> Setup:
-    """The shipped default policy; one active run with five rolling checkpoints on hot."""
-    url = f"sqlite:///{tmp_path / 'db' / 'ckpt.db'}"
-    data_dir = tmp_path / "data"
-    policies_dir = tmp_path / "policies"
-    policies_dir.mkdir()
-    shutil.copy(SHIPPED_POLICY, policies_dir / "default.yaml")
-    upgrade(url)
-    settings = Settings(database_url=url, data_dir=data_dir, policies_dir=policies_dir, auth="off")
-    with TestClient(create_app(settings, roles=NO_BACKGROUND)) as client:
-        run = make_run(client, "llm", "run-1")
-        ckpts = {step: place_checkpoint(client, data_dir, run, step) for step in range(1, 6)}
-    return Setup(tmp_path, url, data_dir, policies_dir, run, ckpts)
-
-
-def test_plan_json_shows_actions_kept_and_totals(setup: Setup) -> None:
-    result = setup.ckpt("plan", "--json")
-
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     actions = plan["actions"]
     assert sorted(a["step"] for a in actions) == [1, 2]
     for action in actions:
-        assert action["checkpoint_id"] == setup.ckpts[action["step"]]["id"]
+        assert action["checkpoint_id"] == catalog.ckpts[action["step"]]["id"]
         assert action["kind"] == "delete"
         assert action["rule"] == "default/rolling-keep-3"
         assert "keep_last 3" in action["reason"]
@@ -112,171 +35,219 @@ def test_plan_json_shows_actions_kept_and_totals(setup: Setup) -> None:
     assert sorted(kept) == [3, 4, 5]
     assert "rolling-keep-3: keep_last 3" in kept[3]["reasons"]
     assert kept[5]["reasons"][0].startswith("protected: resume point")
-    size = setup.ckpts[1]["size_bytes"]
+    size = catalog.ckpts[1]["size_bytes"]
     assert plan["totals"]["deleted_bytes_by_tier"] == {"hot": 2 * size}
     assert plan["skipped"] == []
-    assert setup.actions() == []
+    assert catalog.actions() == []
 
 
-def test_plan_of_one_run_and_a_what_if_policy_file(setup: Setup) -> None:
-    what_if = setup.root / "what-if.yaml"
+def test_plan_of_one_run_and_a_what_if_policy_file(catalog: Service, tmp_path: Path) -> None:
+    what_if = tmp_path / "what-if.yaml"
     what_if.write_text(
         "name: what-if\nrules:\n"
         "  - name: keep-1\n    class: rolling\n    keep_last: 1\n    action: delete\n"
     )
 
-    result = setup.ckpt("plan", "--json", "--run", setup.run["id"], "--policy", str(what_if))
+    result = catalog.invoke("plan", "--json", "--run", catalog.run["id"], "--policy", str(what_if))
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     actions = json.loads(result.stdout)["actions"]
     assert sorted(a["step"] for a in actions) == [1, 2, 3, 4]
     assert {a["rule"] for a in actions} == {"what-if/keep-1"}
-    assert setup.actions() == []
+    assert catalog.actions() == []
 
 
-def test_plan_of_an_unknown_run_exits_2_naming_run_id(setup: Setup) -> None:
-    result = setup.ckpt("plan", "--run", "run_nothing")
+def test_plan_with_a_stored_policy_by_name_or_a_missing_file(catalog: Service) -> None:
+    by_name = catalog.invoke("plan", "--json", "--policy", "default")
+    unknown = catalog.invoke("plan", "--policy", "nothing")
+    typo = catalog.invoke("plan", "--policy", "what-iff.yaml")
 
-    assert result.returncode == 2
-    assert "run_id" in result.stderr and "run_nothing" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert by_name.exit_code == 0, by_name.output
+    assert len(json.loads(by_name.stdout)["actions"]) == 2
+    assert unknown.exit_code == 1 and unknown.stderr.startswith("ckpt: Not found: ")
+    assert typo.exit_code == 2
+    assert typo.stderr == "ckpt: --policy: no such file 'what-iff.yaml'\n"
 
 
-def test_plan_table_lists_actions_and_kept(setup: Setup) -> None:
-    result = setup.ckpt("plan", "--kept")
+def test_plan_of_an_unknown_run_exits_1_with_the_problem(catalog: Service) -> None:
+    result = catalog.invoke("plan", "--run", "run_nothing")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("ckpt: Not found: ")
+    assert "run_id" in line and "run_nothing" in line
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+
+
+def test_plan_table_lists_actions_and_kept(catalog: Service) -> None:
+    result = catalog.invoke("plan", "--kept")
+
+    assert result.exit_code == 0, result.output
     assert "2 planned actions" in result.stdout
     assert "3 checkpoints kept" in result.stdout
     for step in (1, 2):
-        assert setup.ckpts[step]["id"] in result.stdout
+        assert catalog.ckpts[step]["id"] in result.stdout
     assert "default/rolling-keep-3" in result.stdout
     assert "deleted from hot" in result.stdout
 
 
-def test_sweep_dry_run_prints_the_plan_and_writes_nothing(setup: Setup) -> None:
-    result = setup.ckpt("sweep", "--dry-run")
+def test_sweep_dry_run_prints_the_plan_and_writes_nothing(catalog: Service) -> None:
+    result = catalog.invoke("sweep", "--dry-run")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     assert "2 planned actions" in result.stdout
-    assert setup.ckpts[1]["id"] in result.stdout
+    assert catalog.ckpts[1]["id"] in result.stdout
     assert "default/rolling-keep-3" in result.stdout
-    assert setup.actions() == []
+    assert catalog.actions() == []
 
 
-def test_sweep_writes_the_ledger_once(setup: Setup) -> None:
-    result = setup.ckpt("sweep")
+def test_sweep_writes_the_ledger_once(catalog: Service) -> None:
+    result = catalog.invoke("sweep")
 
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     assert re.search(r"^sweep swp_\w+: 2 actions written to the ledger$", result.stdout, re.M)
-    assert setup.actions() == sorted(
-        (setup.ckpts[s]["id"], "delete", "pending", "default/rolling-keep-3") for s in (1, 2)
+    assert catalog.actions() == sorted(
+        (catalog.ckpts[s]["id"], "delete", "pending", "default/rolling-keep-3") for s in (1, 2)
     )
-    again = setup.ckpt("sweep")
-    assert again.returncode == 0, again.stderr
+    again = catalog.invoke("sweep")
+    assert again.exit_code == 0, again.output
     assert "0 actions written to the ledger" in again.stdout
-    assert len(setup.actions()) == 2
+    assert len(catalog.actions()) == 2
 
 
-def test_an_operator_s_sweep_records_the_operator(setup: Setup) -> None:
-    result = setup.ckpt("sweep", LOGNAME="alice", USER="alice")
-    assert result.returncode == 0, result.stderr
-    engine = make_engine(setup.url, pool_size=1)
-    try:
-        with engine.connect() as conn:
-            assert conn.execute(select(Sweep.actor)).scalars().all() == ["cli:alice"]
-            actors = conn.execute(select(Action.actor)).scalars().all()
-    finally:
-        engine.dispose()
+def test_a_sweep_records_the_token_that_asked(catalog: Service) -> None:
+    result = catalog.invoke("sweep")
+
+    assert result.exit_code == 0, result.output
+    with catalog.engine.connect() as conn:
+        assert conn.execute(select(Sweep.actor)).scalars().all() == [
+            f"token:{catalog.admin_id}:ops"
+        ]
+        actors = conn.execute(select(Action.actor)).scalars().all()
     assert actors == ["rule:default/rolling-keep-3"] * 2
 
 
-def test_worker_once_executes_what_is_due_and_exits(setup: Setup) -> None:
-    assert setup.ckpt("sweep").returncode == 0
+def test_a_read_token_plans_but_may_not_sweep(catalog: Service) -> None:
+    _id, reader = issue_token(catalog.app, name="reader", scopes=("read",), projects=("*",))
 
-    result = setup.ckpt("worker", "--once")
+    planned = catalog.invoke("plan", "--json", token=reader)
+    refused = catalog.invoke("sweep", token=reader)
+    nobody = catalog.invoke("plan", token="")
+
+    assert planned.exit_code == 0, planned.output
+    assert len(json.loads(planned.stdout)["actions"]) == 2
+    assert refused.exit_code == 1
+    assert refused.stderr == "ckpt: Forbidden: this token lacks the admin scope\n"
+    assert nobody.exit_code == 1
+    assert nobody.stderr.startswith("ckpt: Unauthorized: ")
+    assert "--token or CKPT_TOKEN" in nobody.stderr
+    assert catalog.actions() == []
+
+
+def test_worker_once_executes_what_is_due_and_exits(catalog: Service) -> None:
+    assert catalog.invoke("sweep").exit_code == 0
+
+    result = catalog.serving("worker", "--once")
 
     assert result.returncode == 0, result.stderr
     assert "2 actions executed" in result.stdout
-    assert {(a[1], a[2]) for a in setup.actions()} == {("delete", "done")}
+    assert {(a[1], a[2]) for a in catalog.actions()} == {("delete", "done")}
     for step in (1, 2):  # trashed: the bytes stay for the trash period
-        assert tree(step_dir(setup.data_dir, "hot", setup.run, step)) == step_files(step)
-    idle = setup.ckpt("worker", "--once")
+        assert tree(step_dir(catalog.data_dir, "hot", catalog.run, step)) == step_files(step)
+    idle = catalog.serving("worker", "--once")
     assert idle.returncode == 0, idle.stderr
     assert "0 actions executed" in idle.stdout
 
 
-def test_worker_once_purges_at_once_with_zero_retention(setup: Setup) -> None:
-    assert setup.ckpt("sweep").returncode == 0
+def test_worker_once_purges_at_once_with_zero_retention(catalog: Service) -> None:
+    assert catalog.invoke("sweep").exit_code == 0
 
-    result = setup.ckpt("worker", "--once", CKPT_TRASH_RETENTION="0s")
+    result = catalog.serving("worker", "--once", CKPT_TRASH_RETENTION="0s")
 
     assert result.returncode == 0, result.stderr
     assert "4 actions executed" in result.stdout
     assert (
-        sorted((a[1], a[2]) for a in setup.actions())
+        sorted((a[1], a[2]) for a in catalog.actions())
         == [("delete", "done")] * 2 + [("purge", "done")] * 2
     )
-    on_hot = sorted(p.name for p in step_dir(setup.data_dir, "hot", setup.run, 1).parent.iterdir())
-    assert on_hot == ["step-3", "step-4", "step-5"]
+    on_hot = step_dir(catalog.data_dir, "hot", catalog.run, 1).parent.iterdir()
+    assert sorted(p.name for p in on_hot) == ["step-3", "step-4", "step-5"]
 
 
-def test_commands_refuse_a_bad_policy_file(setup: Setup) -> None:
-    bad = setup.policies_dir / "broken.yaml"
+def test_the_worker_refuses_a_bad_policy_file(catalog: Service) -> None:
+    bad = catalog.policies_dir / "broken.yaml"
     bad.write_text("name: broken\nrules:\n  - name: r1\n    keep_last: -4\n    action: delete\n")
+    assert catalog.invoke("sweep").exit_code == 0  # the service read its files at start
 
-    for args in (("plan",), ("sweep",), ("worker", "--once")):
-        result = setup.ckpt(*args)
-        assert result.returncode == 2, (args, result.stdout, result.stderr)
-        assert str(bad) in result.stderr
-        assert "r1" in result.stderr and "keep_last" in result.stderr
-        assert "Traceback" not in result.stderr
-    assert setup.actions() == []
+    result = catalog.serving("worker", "--once")
 
-
-# --- ckpt policy ------------------------------------------------------------------------------
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert str(bad) in result.stderr
+    assert "r1" in result.stderr and "keep_last" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert {a[2] for a in catalog.actions()} == {"pending"}
 
 
-def test_policy_schema_prints_the_json_schema(setup: Setup) -> None:
-    result = setup.ckpt("policy", "schema")
-
-    assert result.returncode == 0, result.stderr
-    schema = json.loads(result.stdout)
-    assert {"name", "rules", "applies_to", "priority"} <= set(schema["properties"])
-    assert "name" in schema["required"]
-    rule = json.dumps(schema)
-    for field in ("keep_last", "keep_best", "move_to", "copy_to", "run_ended"):
-        assert field in rule
+# --- ckpt policies (and its older name, ckpt policy) ------------------------------------------
 
 
-def test_policy_validate_accepts_the_shipped_policy(setup: Setup) -> None:
-    result = setup.ckpt("policy", "validate", str(SHIPPED_POLICY))
+def local(*args: str, **env: str) -> tuple[int, str, str]:
+    """A command that needs no service, in this process."""
+    result = CliRunner().invoke(cli, list(args), env={"CKPT_TIERS_FILE": None, **env})
+    return result.exit_code, result.stdout, result.stderr
 
-    assert result.returncode == 0, result.stderr
-    assert f"{SHIPPED_POLICY}: ok (default, 4 rules)" in result.stdout
+
+def test_policy_schema_prints_the_json_schema() -> None:
+    for group in ("policy", "policies"):
+        code, out, err = local(group, "schema")
+
+        assert code == 0, err
+        schema = json.loads(out)
+        assert {"name", "rules", "applies_to", "priority"} <= set(schema["properties"])
+        assert "name" in schema["required"]
+        rule = json.dumps(schema)
+        for field in ("keep_last", "keep_best", "move_to", "copy_to", "run_ended"):
+            assert field in rule
 
 
-def test_policy_validate_names_file_rule_and_field(setup: Setup) -> None:
-    good = setup.root / "good.yaml"
+def test_policy_validate_accepts_the_shipped_policy() -> None:
+    for group in ("policy", "policies"):
+        code, out, err = local(group, "validate", str(SHIPPED_POLICY))
+
+        assert code == 0, err
+        assert f"{SHIPPED_POLICY}: ok (default, 4 rules)" in out
+
+
+def test_policy_validate_names_file_rule_and_field(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
     good.write_text("name: good\nrules:\n  - name: all\n    action: {copy_to: archive}\n")
-    bad = setup.root / "bad.yaml"
+    bad = tmp_path / "bad.yaml"
     bad.write_text(
         "name: bad\nrules:\n  - name: cool-down\n    when: {age: 3 weeks}\n"
         "    action: {move_to: tape}\n"
     )
 
-    result = setup.ckpt("policy", "validate", str(good), str(bad))
+    code, out, err = local("policies", "validate", str(good), str(bad))
 
-    assert result.returncode == 1
-    assert f"{good}: ok (good, 1 rules)" in result.stdout
-    assert str(bad) in result.stderr
-    assert "cool-down" in result.stderr
-    assert "when.age" in result.stderr and "tape" in result.stderr
-    assert str(good) not in result.stderr
-    assert "Traceback" not in result.stderr
+    assert code == 1
+    assert f"{good}: ok (good, 1 rules)" in out
+    assert str(bad) in err
+    assert "cool-down" in err
+    assert "when.age" in err and "tape" in err
+    assert str(good) not in err
+    assert "Traceback" not in err
+    code, out, err = local("policies", "validate", str(good), str(bad), "--json")
+    assert code == 1 and err == ""
+    verdicts = json.loads(out)
+    assert verdicts[0] == {"file": str(good), "ok": True, "name": "good", "rules": 1}
+    assert verdicts[1]["ok"] is False and "tape" in verdicts[1]["error"]
+    assert verdicts[1]["field"].startswith("rules[0]")
+    missing = local("policies", "validate", str(tmp_path / "nowhere.yaml"))
+    assert missing[0] == 1 and "nowhere.yaml" in missing[2] and "Traceback" not in missing[2]
 
 
-def test_policy_validate_knows_the_configured_tiers(setup: Setup, tmp_path: Path) -> None:
+def test_policy_validate_knows_the_configured_tiers(tmp_path: Path) -> None:
     tiers = tmp_path / "tiers.yaml"
     tiers.write_text(
         f"tiers:\n  - name: fast\n    url: file://{tmp_path}/fast\n"
@@ -285,9 +256,10 @@ def test_policy_validate_knows_the_configured_tiers(setup: Setup, tmp_path: Path
     policy = tmp_path / "to-tape.yaml"
     policy.write_text("name: to-tape\nrules:\n  - name: r\n    action: {move_to: tape}\n")
 
-    with_tape = setup.ckpt("policy", "validate", str(policy), CKPT_TIERS_FILE=str(tiers))
-    default_tiers = setup.ckpt("policy", "validate", str(policy))
+    with_tape = local("policy", "validate", str(policy), CKPT_TIERS_FILE=str(tiers))
+    default_tiers = local("policy", "validate", str(policy))
 
-    assert with_tape.returncode == 0, with_tape.stderr
-    assert default_tiers.returncode == 1
-    assert "unknown tier 'tape'" in default_tiers.stderr
+    assert with_tape[0] == 0, with_tape[2]
+    assert default_tiers[0] == 1
+    assert "unknown tier 'tape'" in default_tiers[2]
+    assert not (tmp_path / "fast").exists()  # validating creates no tier directory
