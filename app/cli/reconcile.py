@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from ckpt_client.errors import CatalogError
 
 from app.cli.output import Column, emit_json, human_bytes, moment_text, print_table, progress
 from app.cli.remote import (
@@ -21,6 +20,7 @@ from app.cli.remote import (
     open_remote,
     usage,
 )
+from ckpt_client.errors import CatalogError
 
 reconcile_cli = typer.Typer(
     help="Compare every tier with the catalog; delete orphans when asked.",

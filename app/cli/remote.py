@@ -26,6 +26,7 @@ from typing import Annotated, Any, Concatenate, ParamSpec
 from urllib.parse import urlsplit
 
 import typer
+
 from ckpt_client.errors import CatalogError, Unauthorized, Unavailable
 from ckpt_client.transport import VERSION, Transport, redact, segment
 
