@@ -74,6 +74,7 @@ class Remote:
         json: Any = None,
         params: dict[str, Any] | None = None,
         slow: bool = False,
+        idempotent: bool = True,
     ) -> Any:
         """The body of the answer (None when empty). A `slow` call (a sweep, a scan) first
         makes sure the service answers at all within the short deadline, then waits for
@@ -86,7 +87,9 @@ class Remote:
                 return self.transport.request(
                     method, path, json=json, params=params, deadline_at=until
                 ).body
-            return self.transport.request(method, path, json=json, params=params).body
+            return self.transport.request(
+                method, path, json=json, params=params, idempotent=idempotent
+            ).body
         except ValueError:  # a 2xx that is not JSON: a web page, not the catalog's API
             raise Unavailable(
                 f"{method} {path}: {self.url} answered, but not with JSON: is --url the "

@@ -51,7 +51,8 @@ def create(
     body: dict[str, Any] = {"name": name, "scopes": [s.value for s in scope]}
     if project:
         body["projects"] = project
-    row = remote.call("POST", "/v1/tokens", json=body)
+    # not retried once sent: a second attempt would make a second token, its secret lost
+    row = remote.call("POST", "/v1/tokens", json=body, idempotent=False)
     if as_json:
         emit_json(row)
         return

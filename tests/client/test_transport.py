@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from ckpt_client import CatalogError, Client, Invalid, Unavailable
+from ckpt_client.transport import Transport
 
 SECRET = "transport-test-secret-0123456789"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -196,3 +197,50 @@ def test_a_spool_that_cannot_be_written_raises_unavailable(tmp_path: Path) -> No
         run = client.run("p", "r")
         with pytest.raises(Unavailable, match="the spool cannot be written"):
             run.register(1, "file:///data/hot/p/r/step-1")
+
+
+def test_a_call_that_is_not_idempotent_is_sent_again_only_when_it_never_arrived(
+    fast_backoff: list[float],
+) -> None:
+    """Creating a token twice makes two tokens, the first one's secret lost: such a call is
+    retried after a refused connection or a 429, never after a failure the service may
+    have met after doing the work."""
+    created = httpx.Response(201, json={"id": "tok_1", "token": "secret"})
+    for failure in (
+        problem(500, "oops"),
+        httpx.ReadTimeout("slow"),
+        httpx.RemoteProtocolError("x"),
+    ):
+        handle, seen = scripted(failure, created)
+        transport = Transport(
+            "http://catalog.test",
+            token=None,
+            timeout=5,
+            deadline=5,
+            http_transport=httpx.MockTransport(handle),
+        )
+        with pytest.raises(Unavailable, match="may have been done"):
+            transport.request("POST", "/v1/tokens", json={}, idempotent=False)
+        assert len(seen) == 1, failure
+        # the same failure on an idempotent call is retried until the answer
+        handle, seen = scripted(failure, created)
+        transport = Transport(
+            "http://catalog.test",
+            token=None,
+            timeout=5,
+            deadline=5,
+            http_transport=httpx.MockTransport(handle),
+        )
+        assert transport.request("POST", "/v1/tokens", json={}).status == 201
+        assert len(seen) == 2
+    for never_arrived in (httpx.ConnectError("refused"), problem(429, "slow down")):
+        handle, seen = scripted(never_arrived, created)
+        transport = Transport(
+            "http://catalog.test",
+            token=None,
+            timeout=5,
+            deadline=5,
+            http_transport=httpx.MockTransport(handle),
+        )
+        answer = transport.request("POST", "/v1/tokens", json={}, idempotent=False)
+        assert answer.body["id"] == "tok_1" and len(seen) == 2

@@ -29,6 +29,8 @@ log = logging.getLogger("ckpt_client")
 
 VERSION = "0.1.0"
 RETRIED_STATUSES = frozenset({429})  # and every status >= 500
+# Failures that leave no doubt the request never reached the service.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 @dataclass(frozen=True)
@@ -129,12 +131,16 @@ class Transport:
         json: Any = None,
         params: dict[str, Any] | None = None,
         deadline_at: float | None = None,
+        idempotent: bool = True,
     ) -> Answer:
         """Send one call, retrying what may be transient until `deadline_at` (a
         `time.monotonic()` value; the transport's deadline from now by default).
 
         Raises the matching `CatalogError` subclass for a refusal (4xx), at once and without
-        a retry, and `Unavailable` once the deadline has passed without an answer."""
+        a retry, and `Unavailable` once the deadline has passed without an answer. A call
+        that is not `idempotent` (creating a token: a second attempt makes a second one) is
+        retried only where it surely did not reach the service (no connection, a 429); any
+        other failure raises `Unavailable` at once."""
         until = self.deadline_at() if deadline_at is None else deadline_at
         what = f"{method} {path}"
         attempt = 0
@@ -160,6 +166,11 @@ class Transport:
                 )
             except httpx.TransportError as error:
                 reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                if not idempotent and not isinstance(error, NOT_SENT):
+                    raise Unavailable(
+                        f"{what}: no answer from {self.shown_url} ({reason}); it may have "
+                        "been done: look before you repeat it",
+                    ) from None
             else:
                 if response.status_code < 400:
                     return self._answer(response)
@@ -168,6 +179,13 @@ class Transport:
                 if status not in RETRIED_STATUSES and status < 500:
                     raise error_for(status, problem, what)
                 reason = f"{status} {problem.get('detail') or problem.get('title') or ''}".strip()
+                if not idempotent and status not in RETRIED_STATUSES:
+                    raise Unavailable(
+                        f"{what}: {self.shown_url} failed ({reason}); it may have been done: "
+                        "look before you repeat it",
+                        status=status,
+                        problem=problem,
+                    )
                 pause_at_least = _retry_after(response) or 0.0
             attempt += 1
             cap = min(self.max_backoff, self.backoff * 2**attempt)
