@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml client/pyproject.toml
 run: $(STAMP)
 	CKPT_AUTH=$${CKPT_AUTH:-off} $(BIN)/ckpt serve
 
+# The training frameworks' environment is built once per machine, outside the clone.
 test: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadfile
+	CKPT_FRAMEWORKS_PYTHON="$$(bash tests/frameworks/env.sh)" $(BIN)/pytest -n 2 --dist loadfile
 
 # Two schedulers and four workers on PostgreSQL over 50,000 actions (`make test` runs 10,000).
 soak: $(STAMP)

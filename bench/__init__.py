@@ -1,0 +1,1 @@
+"""Benchmarks: one command each, results in bench/README.md."""
