@@ -63,8 +63,9 @@ def catalog_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, catalog_url: str) -> Iterator[Service]:
     """`ckpt serve` on the module's database, access control on (the admin token is
-    `ADMIN`)."""
-    yield from serve(tmp_path_factory.mktemp("service"), catalog_url)
+    `ADMIN`), with no trash period: what a policy deletes is purged as soon as the worker
+    gets to it, so a test sees the files a policy keeps and nothing else."""
+    yield from serve(tmp_path_factory.mktemp("service"), catalog_url, CKPT_TRASH_RETENTION="0s")
 
 
 def abandon_due(catalog_url: str, now: datetime) -> list[str]:
