@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer clean
+.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client clean
 
 # The service and its client (a distribution of its own, client/), both editable.
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -39,7 +39,7 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench client
 	$(BIN)/ruff check --fix app tests bench client
 
-bench: bench-register bench-sweep bench-transfer
+bench: bench-register bench-sweep bench-transfer bench-client
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
@@ -49,6 +49,9 @@ bench-sweep: $(STAMP)
 
 bench-transfer: $(STAMP)
 	$(BIN)/python bench/transfer.py
+
+bench-client: $(STAMP)
+	$(BIN)/python bench/client.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
