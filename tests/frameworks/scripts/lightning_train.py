@@ -3,7 +3,7 @@
     lightning_train.py PROJECT RUN_NAME DIRPATH MAX_STEPS EVERY [options]
 
 Prints `SAVING <step>` as a (slow) save starts and `AT <step>` when `--hold-at` is reached,
-then waits on a gate file that the tests never create: that is where they SIGKILL it.
+then waits on a gate file: that is where the tests SIGKILL it (or open the gate).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import ckpt_client
 from ckpt_client.lightning import CatalogCallback
 
-GATE = "never-opened"
+GATE = "gate"  # in the working directory: a test that opens it lets the training go on
 
 
 def hold(what: str) -> None:
@@ -66,12 +66,18 @@ class SlowIO(TorchCheckpointIO):
 
 
 class HoldAt(pl.Callback):
-    def __init__(self, step: int) -> None:
+    """At `step`: hold there (to be killed), or raise (a training that crashes)."""
+
+    def __init__(self, step: int, crash: bool) -> None:
         self.step = step
+        self.crash = crash
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step:
-            hold(f"AT {trainer.global_step}")
+        if trainer.global_step != self.step:
+            return
+        if self.crash:
+            raise RuntimeError(f"crashed at step {self.step}")
+        hold(f"AT {trainer.global_step}")
 
 
 def main() -> None:
@@ -85,6 +91,7 @@ def main() -> None:
     parser.add_argument("--async", dest="asynchronous", action="store_true")
     parser.add_argument("--stall-at", type=int)
     parser.add_argument("--hold-at", type=int)
+    parser.add_argument("--fail-at", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--top-k", type=int, default=-1)
     args = parser.parse_args()
@@ -106,7 +113,9 @@ def main() -> None:
         ),
     ]
     if args.hold_at is not None:
-        callbacks.append(HoldAt(args.hold_at))
+        callbacks.append(HoldAt(args.hold_at, crash=False))
+    if args.fail_at is not None:
+        callbacks.append(HoldAt(args.fail_at, crash=True))
     trainer = pl.Trainer(
         max_steps=args.max_steps,
         accelerator="cpu",
@@ -120,6 +129,8 @@ def main() -> None:
     )
     ckpt_path = ckpt_client.resume_path(args.project, args.run_name) if args.resume else None
     print(f"RESUME {ckpt_path}", flush=True)
+    start = torch.load(ckpt_path, weights_only=False)["global_step"] if ckpt_path else 0
+    print(f"START {start}", flush=True)
     trainer.fit(Tiny(), DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
     print(f"DONE {trainer.global_step}", flush=True)
 
