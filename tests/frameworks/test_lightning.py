@@ -101,7 +101,20 @@ def test_the_policy_alone_decides_what_stays_on_disk(
             project,
             [{"name": "rolling-keep-2", "class": "rolling", "keep_last": 2, "action": "delete"}],
         )
-        training.run(SCRIPT, project, "run-1", str(directory), "12", "2", "--milestone-every", "4")
+        # save_top_k=1: Lightning would remove each save as the next one lands
+        done = training.run(
+            SCRIPT,
+            project,
+            "run-1",
+            str(directory),
+            "12",
+            "2",
+            "--milestone-every",
+            "4",
+            "--top-k",
+            "1",
+        )
+        assert "ModelCheckpoint(save_top_k=1): set save_top_k=-1" in done.stderr
         written = {step_file(s) for s in (2, 4, 6, 8, 10, 12)}
         assert files(directory) == written  # Lightning removed nothing
 
