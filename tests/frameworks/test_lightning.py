@@ -307,3 +307,41 @@ def test_a_checkpoint_moved_to_cold_is_staged_back_onto_hot_to_resume(
         run = run_of(admin, project)
         assert run["status"] == "completed" and run["resumed_from"] == six["id"]
         assert sorted(checkpoints(admin, run["id"])) == [2, 4, 6, 8, 10, 12]
+
+
+def test_the_service_going_away_mid_fit_never_fails_the_training(
+    training: Training, service: Service, project: str, tmp_path: Path
+) -> None:
+    directory = service.tier_dir("hot") / project / "run-1"
+    process = training.start(
+        SCRIPT, project, "run-1", str(directory), "6", "2", "--hold-at", "3", "--deadline", "2"
+    )
+    try:
+        read_until(process, "AT 3")
+        service.stop()  # an outage: steps 4 and 6 are saved while it lasts
+        try:
+            (tmp_path / GATE).touch()
+            out, err = process.communicate(timeout=300)
+        finally:
+            service.start()
+        assert process.returncode == 0, err[-4000:]
+        assert "DONE 6" in out and "spooled" in err
+    finally:
+        kill(process)
+    assert files(directory) == {step_file(s) for s in (2, 4, 6)}
+
+    flushed = subprocess.run(
+        [str(training.python), "-m", "ckpt_client", "flush"],
+        env=training.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert flushed.returncode == 0, flushed.stderr
+    with service.admin() as admin:
+        run = run_of(admin, project)
+        assert run["status"] == "completed"  # the spooled end, after the spooled saves
+        saved = checkpoints(admin, run["id"])
+        assert {s: c["state"] for s, c in saved.items()} == {2: "active", 4: "active", 6: "active"}
+        assert all(c["size_bytes"] > 0 for c in saved.values())

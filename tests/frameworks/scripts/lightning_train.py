@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--deadline", type=float, help="the client's per-call deadline (s)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -110,6 +111,7 @@ def main() -> None:
             project=args.project,
             run_name=args.run_name,
             milestone_every_n_steps=args.milestone_every,
+            client=ckpt_client.Client(deadline=args.deadline) if args.deadline else None,
         ),
     ]
     if args.hold_at is not None:
