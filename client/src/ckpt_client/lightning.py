@@ -45,6 +45,7 @@ from ckpt_client.errors import CatalogError, Conflict, Unavailable
 from ckpt_client.models import Checkpoint, to_uri
 from ckpt_client.reservation import Reservation
 from ckpt_client.run import Run
+from ckpt_client.transport import segment
 
 log = logging.getLogger("ckpt_client")
 
@@ -329,7 +330,7 @@ class CatalogCallback(Callback):
         for checkpoint in self.run.checkpoints(state="active"):
             if uri == checkpoint.uri or any(loc.uri == uri for loc in checkpoint.locations):
                 if self.run.resumed_from != checkpoint.id:
-                    path = f"/v1/runs/{self.run.id}"
+                    path = f"/v1/runs/{segment(self.run.id)}"
                     self.run._update(
                         self.client.call("PATCH", path, json={"resumed_from": checkpoint.id})
                     )
