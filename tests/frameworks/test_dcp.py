@@ -23,6 +23,15 @@ import pytest
 from ckpt_client import Client, Run
 from tests.client.conftest import ADMIN, Service
 from tests.frameworks.conftest import TRAIN_TIMEOUT, Training, abandon_due
+from tests.frameworks.support import (
+    back_date,
+    checkpoints,
+    files,
+    poll,
+    put_policy,
+    run_of,
+    sweep_and_settle,
+)
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "dcp_train.py"
 DATA_FILE = "__0_0.distcp"  # rank 0's one file (single_file_per_rank, one writer thread)
@@ -270,3 +279,60 @@ def _kill(job: subprocess.Popen[str], marker: Path) -> None:
 
 def _id(run: Run, step: int) -> str:
     return next(c.id for c in run.checkpoints() if c.step == step)
+
+
+def test_the_policy_alone_decides_which_saves_stay_on_disk(
+    training: Training, tmp_path: Path, project: str, catalog_url: str
+) -> None:
+    """DCP writes every save and removes none; the service's keep_last 2 deletes the rest
+    and its worker purges their directories."""
+    root = training.service.tier_dir("hot") / project / "run-1"
+    with training.service.admin() as admin:
+        put_policy(
+            admin,
+            project,
+            [{"name": "rolling-keep-2", "class": "rolling", "keep_last": 2, "action": "delete"}],
+        )
+        report = train(training, tmp_path, project, "--save-at", "2,4,6,8", "--mode", "thread")
+        assert report["errors"] == []
+        assert files(root) == {"step-2", "step-4", "step-6", "step-8"}
+        run = run_of(admin, project)
+        back_date(catalog_url, run["id"])
+        sweep_and_settle(admin, project)
+        poll(
+            "steps 2 and 4 are purged",
+            lambda: all(checkpoints(admin, run["id"])[s]["state"] == "deleted" for s in (2, 4)),
+        )
+        states = {s: c["state"] for s, c in checkpoints(admin, run["id"]).items()}
+        assert states == {2: "deleted", 4: "deleted", 6: "active", 8: "active"}
+        assert files(root) == {"step-6", "step-8"}
+
+
+def test_a_checkpoint_moved_to_cold_is_staged_back_onto_hot_to_resume(
+    training: Training, tmp_path: Path, project: str, catalog_url: str
+) -> None:
+    first = train(training, tmp_path, project, "--save-at", "2,4", "--mode", "thread")
+    assert first["errors"] == []
+    root = training.service.tier_dir("hot") / project / "run-1"
+    with training.service.admin() as admin:
+        run = run_of(admin, project)
+        ended = admin.patch(f"/v1/runs/{run['id']}", json={"status": "completed"})
+        assert ended.status_code == 200, ended.text
+        put_policy(
+            admin,
+            project,
+            [{"name": "ended-cold", "when": {"run_ended": "0s"}, "action": {"move_to": "cold"}}],
+        )
+        back_date(catalog_url, run["id"])
+        sweep_and_settle(admin, project)
+        saved = checkpoints(admin, run["id"])
+        assert {s: c["tier"] for s, c in saved.items()} == {2: "cold", 4: "cold"}
+        assert files(root) == set()
+
+        again = train(training, tmp_path, project, "--resume", "--save-at", "6", "--mode", "thread")
+        four = admin.get(f"/v1/checkpoints/{saved[4]['id']}").json()
+        hot = [loc for loc in four["locations"] if loc["tier"] == "hot"]
+        assert four["tier"] == "cold" and [loc["role"] for loc in hot] == ["replica"]
+        assert again["resumed_from"] == hot[0]["uri"].removeprefix("file://")
+        assert again["loaded_step"] == 4
+        assert again["loaded_weights"] == first["weights"]["4"]

@@ -11,16 +11,15 @@ import yaml
 
 from tests.client.conftest import Service, serve
 from tests.frameworks.conftest import Training
-from tests.frameworks.test_lightning import (
-    SCRIPT,
+from tests.frameworks.support import (
     back_date,
     checkpoints,
     poll,
     put_policy,
     run_of,
-    step_file,
     sweep_and_settle,
 )
+from tests.frameworks.test_lightning import SCRIPT, step_file
 from tests.storage.s3_servers import S3Endpoint, new_bucket, s3_client
 
 
