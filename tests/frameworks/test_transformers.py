@@ -144,6 +144,17 @@ def wait_for(path: Path, process: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+def await_steps(
+    admin: httpx.Client, run_id: str, steps: set[int], state: str | None = None
+) -> None:
+    """Wait until the run has checkpoints of `steps` (in `state`): the callback registers
+    from a thread of its own, so the last save's may still be on its way."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while not steps <= set(checkpoints(admin, run_id, state)):
+        assert time.monotonic() < deadline, f"steps {steps} not registered"
+        time.sleep(0.05)
+
+
 def kill(process: subprocess.Popen[str]) -> None:
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=30)
@@ -232,6 +243,7 @@ def test_a_save_killed_mid_write_is_never_active_and_the_job_resumes_from_the_la
         assert {"model.safetensors", "optimizer.pt"} <= set(written)
         assert not {"rng_state.pth", "trainer_state.json"} & set(written)
         run = run_of(admin, project)
+        await_steps(admin, run["id"], {2, 4, 6, 8})
         assert sorted(checkpoints(admin, run["id"])) == [2, 4, 6, 8]
         # A sweep while the save is being written deletes what the policy says among the
         # registered ones and leaves the one being written alone.
@@ -272,7 +284,7 @@ def test_a_save_killed_mid_write_is_never_active_and_the_job_resumes_from_the_la
         assert run["resumed_from"] == resumed[8]["id"]
         # (6 may be gone already: aged above, the evaluations of the new registrations
         # may delete it)
-        assert {8, 10, 12, 14} <= set(checkpoints(admin, run["id"], state="active"))
+        await_steps(admin, run["id"], {8, 10, 12, 14}, state="active")
         age(catalog_url, run["id"])
         sweep(admin, catalog_url, run["id"])
         active = checkpoints(admin, run["id"], state="active")
@@ -366,6 +378,7 @@ def test_a_training_outlives_an_outage_of_the_catalog(
     )
     try:
         wait_for(held / "held", job)
+        await_steps(admin, run_of(admin, project)["id"], {2})
         service.stop()
         (held / "go").touch()
         released = time.monotonic()

@@ -24,9 +24,12 @@ Only the world's process zero talks to the service. It needs `transformers` (the
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
+import queue
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +59,19 @@ class _Best:
     checkpoint_id: str | None  # None while its registration waits in the spool
 
 
+@dataclass
+class _Save:
+    """What a save registers, taken when `on_save` runs (the directory is whole then)."""
+
+    step: int
+    path: Path
+    cls: str
+    files: list[FileEntry]
+    metrics: dict[str, float]
+    best: _Best | None = None  # this save is the best so far
+    former: _Best | None = None  # and that one was, until now
+
+
 class CatalogCallback(TrainerCallback):
     """Registers each checkpoint the Trainer saves, promotes the last one to `final` and
     completes the run when training ends.
@@ -79,10 +95,14 @@ class CatalogCallback(TrainerCallback):
     checkpoint of that step as the run's `resumed_from`, which the service protects while
     the run is active, and reopens the run if it had ended.
 
-    The catalog being unreachable never fails a save: the registration is spooled (see
-    `Client`) and sent later; a refusal (a 4xx) is logged and training goes on. Attaching
-    the run when training begins is not spooled: a job that cannot reach the catalog then
-    gets `Unavailable` before it has trained a step.
+    Registrations run in a thread of the callback's own, in the order of the saves:
+    `on_save` takes the directory's manifest and returns, training goes on while the
+    service answers, and the end of training (or the interpreter's exit, if training
+    raised) waits for the registrations still to make. The catalog
+    being unreachable never fails a save: the registration is spooled (see `Client`) and
+    sent later; a refusal (a 4xx) is logged and training goes on. Attaching the run when
+    training begins is not spooled: a job that cannot reach the catalog then gets
+    `Unavailable` before it has trained a step.
     """
 
     def __init__(
@@ -121,6 +141,8 @@ class CatalogCallback(TrainerCallback):
         self._last: Checkpoint | None = None  # the last save this process registered
         self._last_class: str | None = None  # and its class (also when spooled)
         self._warned_rotation = False
+        self._tasks: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None  # registers the saves, in order
 
     @property
     def run(self) -> Run | None:
@@ -132,6 +154,7 @@ class CatalogCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
+        self._stop_worker()  # a train() before that raised may have left saves to register
         if args.save_total_limit and not self._warned_rotation:
             self._warned_rotation = True
             log.warning(
@@ -162,6 +185,7 @@ class CatalogCallback(TrainerCallback):
                 log.warning(
                     "could not update run %s/%s (%s): %s", run.project, run.name, changes, error
                 )
+        self._start_worker()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero or self._run is None:
@@ -178,29 +202,16 @@ class CatalogCallback(TrainerCallback):
             cls = "final"
         else:
             cls = "milestone" if best or self._scheduled(step) else "rolling"
-        try:
-            checkpoint = self._run.register(
-                step,
-                path,
-                cls=cls,
-                files=manifest(path),
-                metrics=metrics,
-                labels={BEST_LABEL: str(self._metric)} if best else None,
-            )
-        except CatalogError as error:  # a refusal: the checkpoint stays, uncatalogued
-            log.error("the catalog refused step %d (%s): %s", step, path, error)
-            return
-        self._last, self._last_class = checkpoint, cls
+        save = _Save(step, path, cls, manifest(path), metrics)
         if best and value is not None:
-            if self._best is not None:
-                self._demote.append(self._best)
-            self._best = _Best(step, value, cls, checkpoint.id if checkpoint else None)
-        if checkpoint is not None:  # the service answers: the former bests can go back
-            self._demote_former_bests()
+            save.former, self._best = self._best, _Best(step, value, cls, None)
+            save.best = self._best
+        self._tasks.put(save)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero or self._run is None:
             return
+        self._stop_worker()  # every save registered (or spooled) first
         run = self._run
         # The last save is final already when the Trainer stopped right after it; else
         # (`save_strategy="best"`, a job resumed with nothing left to train) it is promoted.
@@ -225,6 +236,53 @@ class CatalogCallback(TrainerCallback):
             )
         _check_under_a_tier(self._client, Path(args.output_dir))
         return self._run
+
+    def _start_worker(self) -> None:
+        # A daemon, stopped at the end of training or, if train() raised, at the
+        # interpreter's exit (which runs atexit before it stops daemon threads).
+        self._worker = threading.Thread(target=self._work, name="ckpt-register", daemon=True)
+        self._worker.start()
+        atexit.register(self._stop_worker)
+
+    def _stop_worker(self) -> None:
+        """Wait for the saves handed over so far to be registered, and end the thread."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            atexit.unregister(self._stop_worker)
+            self._tasks.put(None)
+            worker.join()
+
+    def _work(self) -> None:
+        while (save := self._tasks.get()) is not None:
+            try:
+                self._register(save)
+            except Exception:  # a bug here must not cost the later saves their registration
+                log.exception("step %d was not registered", save.step)
+
+    def _register(self, save: _Save) -> None:
+        """One save's registration, in the worker thread."""
+        run = self._run
+        assert run is not None
+        labels = {BEST_LABEL: str(self._metric)} if save.best is not None else None
+        try:
+            checkpoint = run.register(
+                save.step,
+                save.path,
+                cls=save.cls,
+                files=save.files,
+                metrics=save.metrics,
+                labels=labels,
+            )
+        except CatalogError as error:  # a refusal: the checkpoint stays, uncatalogued
+            log.error("the catalog refused step %d (%s): %s", save.step, save.path, error)
+            return
+        self._last, self._last_class = checkpoint, save.cls
+        if save.best is not None and checkpoint is not None:
+            save.best.checkpoint_id = checkpoint.id
+        if save.former is not None:
+            self._demote.append(save.former)
+        if checkpoint is not None:  # the service answers: the former bests can go back
+            self._demote_former_bests()
 
     def _promote_last(self, run: Run) -> None:
         try:
