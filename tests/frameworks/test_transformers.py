@@ -364,6 +364,11 @@ def test_a_job_resumes_from_a_checkpoint_moved_to_cold_staged_back_onto_hot(
     assert {s for s, c in after.items() if c["labels"].get("best") == "eval_score"} == {6}
     run = run_of(admin, project)
     assert (run["status"], run["resumed_from"]) == ("completed", after[2]["id"])
+    # the ended run was reopened while the job trained on it
+    events = admin.get("/v1/audit", params={"run_id": run["id"], "limit": 500}).json()["items"]
+    changes = [e["after"] for e in events if e["entity"] == "run" and e["after"]]
+    statuses = [c["status"] for c in changes if "status" in c]
+    assert statuses == ["active", "completed", "active", "completed"]
 
 
 def test_a_training_outlives_an_outage_of_the_catalog(
@@ -410,3 +415,16 @@ def test_a_training_outlives_an_outage_of_the_catalog(
     }
     for checkpoint in registered.values():
         assert_whole(checkpoint)
+
+
+def test_an_output_dir_the_service_cannot_read_is_refused_before_training(
+    training: Training, admin: httpx.Client, project: str, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "not-a-tier"
+    job = training.start(SCRIPT, *argv(output_dir, project, "--max-steps 4"))
+    out, err = job.communicate(timeout=TRAIN_TIMEOUT)
+    assert job.returncode != 0
+    assert f"output_dir {output_dir} lies under none of the catalog's local tiers" in err
+    assert "trained to step" not in out
+    assert admin.get("/v1/runs", params={"project": project}).json()["items"] == []
+    assert not list(output_dir.glob("checkpoint-*"))

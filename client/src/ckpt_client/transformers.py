@@ -230,11 +230,11 @@ class CatalogCallback(TrainerCallback):
     def _attach(self, args: Any) -> Run:
         if self._client is None:
             self._client, self._run = Client(), None
+        _check_under_a_tier(self._client, Path(args.output_dir))  # before a run is made
         if self._run is None:
             self._run = self._client.run(
                 self.project, self.run_name, labels=self._labels, policy=self._policy
             )
-        _check_under_a_tier(self._client, Path(args.output_dir))
         return self._run
 
     def _start_worker(self) -> None:
