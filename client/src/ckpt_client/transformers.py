@@ -86,10 +86,10 @@ class CatalogCallback(TrainerCallback):
     - a step that is a multiple of `milestone_every_n_steps`: `milestone`;
     - with `metric_for_best_model` (else the Trainer's own `args.metric_for_best_model`),
       the best checkpoint so far: `milestone`, labelled `best`. When a later save beats it,
-      the previous best loses the label and, unless it is a milestone by step, goes back to
-      `rolling` for the policy to rotate. `greater_is_better` defaults as the Trainer's does
-      (False for a name ending in `loss`). Only an evaluation made at the save's own step
-      makes a checkpoint the best.
+      the previous best loses the label and, unless it is a milestone by step or the final,
+      goes back to `rolling` for the policy to rotate. `greater_is_better` defaults as the
+      Trainer's does (False for a name ending in `loss`). Only an evaluation made at the
+      save's own step makes a checkpoint the best.
 
     Training that starts from a checkpoint (`state.global_step > 0`) names the run's
     checkpoint of that step as the run's `resumed_from`, which the service protects while
@@ -98,11 +98,12 @@ class CatalogCallback(TrainerCallback):
     Registrations run in a thread of the callback's own, in the order of the saves:
     `on_save` takes the directory's manifest and returns, training goes on while the
     service answers, and the end of training (or the interpreter's exit, if training
-    raised) waits for the registrations still to make. The catalog
-    being unreachable never fails a save: the registration is spooled (see `Client`) and
-    sent later; a refusal (a 4xx) is logged and training goes on. Attaching the run when
-    training begins is not spooled: a job that cannot reach the catalog then gets
-    `Unavailable` before it has trained a step.
+    raised) waits for the registrations still to make. The catalog being unreachable never
+    fails a save: the registration is spooled (see `Client`) and sent later; a refusal (a
+    4xx) is logged and training goes on. Attaching the run when training begins is not
+    spooled: a job that cannot reach the catalog then gets `Unavailable` before it has
+    trained a step, and one whose `output_dir` lies under none of the service's local tiers
+    a `ValueError`.
     """
 
     def __init__(
@@ -395,10 +396,7 @@ def manifest(root: Path) -> list[FileEntry]:
 def _check_under_a_tier(client: Client, output_dir: Path) -> None:
     """Refuse, before training, an `output_dir` that lies under none of the service's local
     tiers: every registration would be refused (the service reads the checkpoints there)."""
-    try:
-        tiers = client.tiers()
-    except Unavailable:
-        return  # the registrations will say so, spooled
+    tiers = client.tiers()  # `Unavailable` past the deadline, as creating the run would be
     target = Path(os.path.abspath(output_dir))
     local = [t for t in tiers if t.local_path is not None]
     if any(target == t.local_path or t.local_path in target.parents for t in local):
