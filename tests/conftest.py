@@ -68,11 +68,10 @@ def drop_pg_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def database_url(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    if request.param == "sqlite":
+def migrated_database(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A new database of `kind` (`sqlite` or `postgresql`) at the latest schema, built by
+    the migrations; a PostgreSQL one is dropped when the caller is done with it."""
+    if kind == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'ckpt.db'}"
         upgrade(url)
         yield url
@@ -84,6 +83,13 @@ def database_url(
         yield url
     finally:
         drop_pg_database(name)
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    yield from migrated_database(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

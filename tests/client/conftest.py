@@ -20,10 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.db.migrate import upgrade
 from ckpt_client import Client
 from tests.builders import remember_secret
-from tests.conftest import create_pg_database, drop_pg_database, postgres_url
+from tests.conftest import migrated_database
 from tests.storage.ports import free_port, owns_port
 
 CKPT = Path(sys.executable).parent / "ckpt"
@@ -116,18 +115,7 @@ def catalog_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A database of the module's own, at the latest schema."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'ckpt.db'}"
-        upgrade(url)
-        yield url
-        return
-    name = create_pg_database()
-    try:
-        url = postgres_url(name)
-        upgrade(url)
-        yield url
-    finally:
-        drop_pg_database(name)
+    yield from migrated_database(request.param, tmp_path_factory)
 
 
 def serve(root: Path, catalog_url: str, **variables: str) -> Iterator[Service]:

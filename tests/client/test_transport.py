@@ -199,6 +199,21 @@ def test_a_spool_that_cannot_be_written_raises_unavailable(tmp_path: Path) -> No
             run.register(1, "file:///data/hot/p/r/step-1")
 
 
+def scripted_transport(
+    *answers: httpx.Response | Exception,
+) -> tuple[Transport, list[httpx.Request]]:
+    """The bare transport (no client, no spool) answered by `scripted(*answers)`."""
+    handle, seen = scripted(*answers)
+    transport = Transport(
+        "http://catalog.test",
+        token=None,
+        timeout=5,
+        deadline=5,
+        http_transport=httpx.MockTransport(handle),
+    )
+    return transport, seen
+
+
 def test_a_call_that_is_not_idempotent_is_sent_again_only_when_it_never_arrived(
     fast_backoff: list[float],
 ) -> None:
@@ -211,36 +226,15 @@ def test_a_call_that_is_not_idempotent_is_sent_again_only_when_it_never_arrived(
         httpx.ReadTimeout("slow"),
         httpx.RemoteProtocolError("x"),
     ):
-        handle, seen = scripted(failure, created)
-        transport = Transport(
-            "http://catalog.test",
-            token=None,
-            timeout=5,
-            deadline=5,
-            http_transport=httpx.MockTransport(handle),
-        )
+        transport, seen = scripted_transport(failure, created)
         with pytest.raises(Unavailable, match="may have been done"):
             transport.request("POST", "/v1/tokens", json={}, idempotent=False)
         assert len(seen) == 1, failure
         # the same failure on an idempotent call is retried until the answer
-        handle, seen = scripted(failure, created)
-        transport = Transport(
-            "http://catalog.test",
-            token=None,
-            timeout=5,
-            deadline=5,
-            http_transport=httpx.MockTransport(handle),
-        )
+        transport, seen = scripted_transport(failure, created)
         assert transport.request("POST", "/v1/tokens", json={}).status == 201
         assert len(seen) == 2
     for never_arrived in (httpx.ConnectError("refused"), problem(429, "slow down")):
-        handle, seen = scripted(never_arrived, created)
-        transport = Transport(
-            "http://catalog.test",
-            token=None,
-            timeout=5,
-            deadline=5,
-            http_transport=httpx.MockTransport(handle),
-        )
+        transport, seen = scripted_transport(never_arrived, created)
         answer = transport.request("POST", "/v1/tokens", json={}, idempotent=False)
         assert answer.body["id"] == "tok_1" and len(seen) == 2

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from app.db.migrate import upgrade
 from app.db.session import make_engine, make_session_factory, session_scope
 from app.services.catalog.reservations import abort_abandoned
 from tests.client.conftest import ADMIN, Service, serve
-from tests.conftest import create_pg_database, drop_pg_database, postgres_url
+from tests.conftest import migrated_database
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -48,16 +47,10 @@ def frameworks_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def catalog_url() -> Iterator[str]:
+def catalog_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A PostgreSQL database of the module's own, at the latest schema (the integrations
     do not depend on the database; the production one is the one tested)."""
-    name = create_pg_database()
-    try:
-        url = postgres_url(name)
-        upgrade(url)
-        yield url
-    finally:
-        drop_pg_database(name)
+    yield from migrated_database("postgresql", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
