@@ -39,6 +39,17 @@ def _progress(action: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _arrived(checkpoint: Checkpoint, tier: str, started: float) -> Checkpoint:
+    log.info(
+        "step %d (%s) is on %s after %.1fs",
+        checkpoint.step,
+        checkpoint.id,
+        tier,
+        time.monotonic() - started,
+    )
+    return checkpoint
+
+
 def stage(
     client: Client, checkpoint: Checkpoint, tier: str, *, wait: bool, timeout: float | None
 ) -> Checkpoint:
@@ -70,22 +81,16 @@ def stage(
     while True:
         current = Checkpoint.from_json(client._call("GET", path).body)
         if current.location(tier) is not None:
-            log.info(
-                "step %d (%s) is on %s after %.1fs",
-                current.step,
-                current.id,
-                tier,
-                time.monotonic() - started,
-            )
-            return current
+            return _arrived(current, tier, started)
         action = client._call("GET", f"/v1/actions/{segment(str(action['id']))}").body
         state = str(action.get("state"))
         if state in ENDED_BADLY or state == "done":
-            # `done` without a copy on the tier: another action moved it away meanwhile.
             if state == "done":
+                # Either it finished between our two reads, or another action moved it
+                # away meanwhile; a third read tells which.
                 again = Checkpoint.from_json(client._call("GET", path).body)
                 if again.location(tier) is not None:
-                    return again
+                    return _arrived(again, tier, started)
             raise RestoreFailed(
                 f"staging step {checkpoint.step} ({checkpoint.id}) onto {tier} ended "
                 f"{state}: {action.get('error') or 'no copy on the tier'}",
