@@ -36,6 +36,7 @@ from app.api.schemas import (
 from app.services.catalog import checkpoint_update, checkpoints, reservations
 from app.services.catalog.checkpoints import Registration
 from app.services.catalog.lookup import get_checkpoint as find_checkpoint
+from app.services.lifecycle.resave import register_or_take_back
 
 router = APIRouter(tags=["checkpoints"])
 
@@ -96,7 +97,7 @@ def register_checkpoint(
         created_at=body.created_at,
         committed=body.committed,
     )
-    checkpoint, created = checkpoints.register_checkpoint(
+    checkpoint, created = register_or_take_back(
         session,
         tiers=tiers,
         storages=storages,

@@ -280,24 +280,6 @@ def test_a_committed_registration_of_a_reserved_step_commits_it(
     assert (again.json()["state"], again.json()["reserved_until"]) == ("active", None)
 
 
-@pytest.mark.parametrize("committed", [False, True])
-def test_registering_a_step_whose_reservation_was_aborted_is_a_conflict(
-    client: TestClient, data_dir: Path, run: dict[str, Any], committed: bool
-) -> None:
-    """A retried save must not hear that its bytes are catalogued while the purge is on its
-    way to remove them."""
-    reserved = reserve(client, data_dir, run, 5)
-    files = write_all(data_dir, run, 5)
-    assert checkpoint_post(client, reserved["id"], "abort").status_code == 200
-
-    again = register(
-        client, run["id"], 5, reserved["uri"], files=file_entries(files), committed=committed
-    )
-
-    body = assert_problem(again, 409, "step")
-    assert "aborted" in body["detail"] and reserved["id"] in body["detail"]
-
-
 # --- access control ----------------------------------------------------------------------------
 
 

@@ -56,21 +56,34 @@ def _by_step(session: Session, run_id: str, step: int) -> Checkpoint | None:
     ).scalar_one_or_none()
 
 
-def _check_same_content(existing: Checkpoint, reg: Registration, uri: str, files: Any) -> None:
-    if existing.state == CheckpointState.TRASHED and existing.committed_at is None:
-        # An aborted reservation: answering 200 would tell a retried save that its bytes
-        # are catalogued, while the purge is on its way to remove them.
-        raise Conflict(
+class AbortedStep(Conflict):
+    """The step's reservation was aborted (its save failed, or its job died and the
+    scheduler gave it up). Answering 200 would tell a save of that step that its bytes are
+    catalogued while the purge is on its way to remove them; the save may instead take the
+    reservation back (app.services.lifecycle.resave)."""
+
+    def __init__(self, existing: Checkpoint) -> None:
+        super().__init__(
             f"step {existing.step} of this run was reserved and aborted (checkpoint "
-            f"{existing.id} is trashed); an admin's undelete reserves it again",
+            f"{existing.id} is {existing.state}); saving it again reserves it anew",
             field="step",
             checkpoint_id=existing.id,
         )
+        self.checkpoint_id = existing.id
+
+
+def _check_same_content(existing: Checkpoint, reg: Registration, uri: str, files: Any) -> None:
+    aborted = existing.committed_at is None and existing.state in (
+        CheckpointState.TRASHED,
+        CheckpointState.DELETED,
+    )
     problems = []
     if existing.klass != reg.klass:
         problems.append(f"class {existing.klass!r}")
     if existing.uri != uri:
         problems.append(f"uri {existing.uri!r}")
+    if aborted and not problems:
+        raise AbortedStep(existing)  # its manifest and size were never the save's to compare
     if not same_files(existing.files, files):
         problems.append("a different manifest")
     elif reg.size_bytes is not None and existing.files and existing.size_bytes != reg.size_bytes:
@@ -101,7 +114,8 @@ def register_checkpoint(
 
     `committed: false` reserves the step (`writing`) until now + `reservation_ttl`; the
     same reservation again renews it, like a keepalive; a committed registration of a
-    reserved step commits it. A step whose reservation was aborted is a Conflict.
+    reserved step commits it. A step whose reservation was aborted is an AbortedStep
+    (a Conflict) unless class or uri differ (a plain Conflict then).
     """
     try:
         return _register(
