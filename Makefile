@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client clean
+.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations clean
 
 # The service and its client (a distribution of its own, client/), both editable.
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -39,7 +39,7 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench client
 	$(BIN)/ruff check --fix app tests bench client
 
-bench: bench-register bench-sweep bench-transfer bench-client
+bench: bench-register bench-sweep bench-transfer bench-client bench-integrations
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
@@ -52,6 +52,9 @@ bench-transfer: $(STAMP)
 
 bench-client: $(STAMP)
 	$(BIN)/python bench/client.py
+
+bench-integrations: $(STAMP)
+	$(BIN)/python bench/integrations.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

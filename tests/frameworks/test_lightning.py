@@ -166,6 +166,12 @@ def test_a_killed_training_resumes_from_its_newest_committed_step(
     process = training.start(SCRIPT, project, "run-1", str(directory), "12", "2", "--hold-at", "7")
     try:
         read_until(process, "AT 7")
+        with service.admin() as admin:  # the commits travel behind the saves: let 6's land
+            run = run_of(admin, project)
+            poll(
+                "step 6 committed",
+                lambda: checkpoints(admin, run["id"]).get(6, {}).get("state") == "active",
+            )
     finally:
         kill(process)
     resumed = training.start(

@@ -7,14 +7,16 @@
     )
     trainer.fit(model, ckpt_path=ckpt_client.resume_path("llama", "run-42"))
 
-`CatalogCheckpointIO` wraps the strategy's own `CheckpointIO`: `save_checkpoint` reserves the
-step (`committed: false`) before the inner write and commits it when the write returns, with
-the metrics of the moment; a failed write aborts the reservation. Under Lightning's
-`AsyncCheckpointIO` it sits *inside* the asynchronous wrapper, so the reservation, the write
-and the commit all happen in the background writer thread, in that order: the commit is
-sent exactly when the background write completes (there is no other completion hook), and
-the training loop never waits on the catalog. `remove_checkpoint` deletes nothing: what is
-kept is the service's policy's business.
+`CatalogCheckpointIO` wraps the strategy's own `CheckpointIO`: `save_checkpoint` asks for the
+step's reservation (`committed: false`) before the inner write starts and for its commit, with
+the metrics of the moment, when the write returns; a failed write asks for an abort. Those
+calls go out in that order from a thread of the IO's own, so neither the training loop nor
+Lightning's writer waits on the service (the reservation travels while the bytes are
+written). Under Lightning's `AsyncCheckpointIO` it sits *inside* the asynchronous wrapper, so
+the commit is asked for exactly when the background write completes (there is no other
+completion hook). A refusal that is a setting to fix (a path under no tier, a token without
+the scope) stops the fit at the next save or at its end. `remove_checkpoint` deletes
+nothing: what is kept is the service's policy's business.
 
 `CatalogCallback` installs the IO on the trainer's strategy, snapshots
 `trainer.callback_metrics` when each checkpoint is dumped (on the training thread), classes
@@ -31,6 +33,7 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +127,10 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
         self._notes: dict[int, _Note] = {}
         self.saves: dict[int, _Save] = {}  # this process's catalogued saves, by step
         self.last: _Save | None = None  # the latest save written (the final-to-be)
+        # The catalog's calls, in the order asked, on a thread of their own: a save never
+        # waits on the service, and a commit still follows its reservation.
+        self._courier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-catalog")
+        self._refusal: CatalogError | None = None  # a refusal that stops the fit
 
     def _attached(self) -> Run:
         if self.run is None:
@@ -156,37 +163,66 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
         save = _Save(step, uri)
         with self._lock:
             self.saves[step] = save
-        refused: CatalogError | None = None
-        pending: Reservation | None = None
-        try:
-            pending = self._attached().reserve(step, uri, cls=note.cls)
-            save.checkpoint = pending.checkpoint
-        except Unavailable as error:  # on_unavailable="raise": the write still goes on
-            log.warning("step %d is saved uncatalogued: %s", step, error)
-        except CatalogError as error:
-            refused = error
+        self._raise_refusal()  # an earlier save's, found out since
+        reserving = self._courier.submit(self._reserve, save, note.cls)
         try:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         except BaseException as error:
-            if pending is not None:
-                self._abort(pending, error)
+            self._courier.submit(self._abort_after, reserving, error)
             raise
         with self._lock:
             if self.last is None or step >= self.last.step:
                 self.last = save
-        if refused is not None:
-            self._refused(step, uri, refused)
+        self._courier.submit(self._commit_after, save, reserving, note.metrics)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every reservation and commit asked for so far has been sent (or
+        spooled), then raise what the catalog refused that stops the fit, if anything."""
+        self._courier.submit(lambda: None).result(timeout=timeout)
+        self._raise_refusal()
+
+    def _raise_refusal(self) -> None:
+        with self._lock:
+            refusal, self._refusal = self._refusal, None
+        if refusal is not None:
+            raise refusal
+
+    def _reserve(self, save: _Save, cls: str) -> Reservation | None:
+        """On the courier's thread: the reservation, or None when there is none (the catalog
+        away with on_unavailable="raise", or a refusal)."""
+        try:
+            pending = self._attached().reserve(save.step, save.uri, cls=cls)
+        except Unavailable as error:  # on_unavailable="raise": the write still goes on
+            log.warning("step %d is saved uncatalogued: %s", save.step, error)
+            return None
+        except CatalogError as error:
+            self._refused(save.step, save.uri, error)
+            return None
+        save.checkpoint = pending.checkpoint
+        return pending
+
+    def _abort_after(self, reserving: Future[Reservation | None], error: BaseException) -> None:
+        pending = reserving.result()
         if pending is not None:
-            self._commit(save, pending, note.metrics)
+            self._abort(pending, error)
+
+    def _commit_after(
+        self, save: _Save, reserving: Future[Reservation | None], metrics: dict[str, float]
+    ) -> None:
+        pending = reserving.result()
+        if pending is not None:
+            self._commit(save, pending, metrics)
 
     def _refused(self, step: int, uri: str, error: CatalogError) -> None:
         """The catalog refused the reservation: the bytes are written all the same. A
         conflict (another checkpoint there) is worth a warning; anything else (a path under
-        no tier, a token without the scope) is a setting to fix, and stops the fit."""
+        no tier, a token without the scope) is a setting to fix, and stops the fit at the
+        next save (or at its end)."""
         if isinstance(error, Conflict):
             log.warning("step %d (%s) is not catalogued: %s", step, uri, error)
             return
-        raise error
+        with self._lock:
+            self._refusal = self._refusal or error
 
     def _commit(self, save: _Save, pending: Reservation, metrics: dict[str, float]) -> None:
         try:
@@ -212,6 +248,7 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
     def teardown(self) -> None:
         if self.checkpoint_io is not None:
             self.checkpoint_io.teardown()
+        self.flush()
 
 
 def _catalog_io_of(io: CheckpointIO) -> CatalogCheckpointIO | None:
@@ -347,6 +384,7 @@ class CatalogCallback(Callback):
         # Lightning tore the strategy down first: every background write has completed.
         if self.io is None or not trainer.is_global_zero:
             return
+        self.io.flush()  # every commit is in: the last save may be promoted
         if self.final:
             self._promote_last()
         if self.end_run and self.run is not None:
