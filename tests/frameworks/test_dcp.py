@@ -192,6 +192,15 @@ def test_a_save_killed_midway_stays_reserved_until_the_service_abandons_it(
             assert job.poll() is None, job.communicate()
             assert time.monotonic() < deadline, "the save never started writing"
             time.sleep(0.1)
+        # a later save's reservation travels beside its write: let it land (a job killed
+        # before it did leaves step 3 uncatalogued, which is no worse)
+        poll(
+            "step 3 reserved",
+            lambda: any(
+                c.step == 3 and c.state == "writing"
+                for c in catalog.run(project, "run-1").checkpoints()
+            ),
+        )
     finally:
         _kill(job, root / "step-3.hanging")
 
@@ -262,6 +271,27 @@ def test_a_refused_reservation_fails_every_rank_before_anything_is_written(
     assert "Conflict" in second[0]["error"]
     assert not (root / "step-2").exists()
     assert [c.state for c in run.checkpoints()] in (["trashed"], ["deleted"])
+
+
+def test_a_later_save_whose_reservation_is_refused_is_written_uncatalogued(
+    training: Training, tmp_path: Path, project: str, catalog: Client
+) -> None:
+    """After the first save, reservations travel beside the writes: a refusal then cannot
+    stop a write already under way, so it is logged and the training goes on."""
+    root = training.service.tier_dir("hot") / project / "run-1"
+    run = catalog.run(project, "run-1")
+    run.reserve(3, root / "step-3", cls="milestone").abort("taken by the test")
+
+    report = train(training, tmp_path, project, "--save-at", "2,3,4")
+
+    assert report["errors"] == []
+    by_step = {s["step"]: s for s in report["saves"]}
+    assert by_step[3]["checkpoint"] is None and (root / "step-3" / ".metadata").is_file()
+    for step in (2, 4):
+        assert_committed(by_step[step], training.service, project)
+    states = {c.step: (c.cls, c.state) for c in run.checkpoints()}
+    assert states[3][0] == "milestone" and states[3][1] in ("trashed", "deleted")
+    assert (states[2][1], states[4][1]) == ("active", "active")
 
 
 def _kill(job: subprocess.Popen[str], marker: Path) -> None:

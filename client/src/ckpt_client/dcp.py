@@ -26,13 +26,19 @@
 
 Rank 0 of the save's process group (or the process that saves with `no_dist=True`) is the
 only one that calls the catalog: it reserves the step (`writing`, kept alive while the
-bytes are written) before `torch.distributed.checkpoint.async_save` starts, and once the
-upload completes it commits the checkpoint with a manifest of the files the save wrote, or
-aborts the reservation when the save fails. Every other rank passes `run=None` (it is
-ignored there) and only saves. With more than one rank, rank 0 tells the others whether
-its reservation was taken before anyone starts writing, so that a refusal (a step already
-registered with other content, say) fails every rank at once instead of leaving them in
-the save's collectives without it.
+bytes are written), and once the upload completes it commits the checkpoint with a
+manifest of the files the save wrote, or aborts the reservation when the save fails.
+Every other rank passes `run=None` (it is ignored there) and only saves.
+
+The process's first `async_save` reserves before `torch.distributed.checkpoint.async_save`
+starts, and with more than one rank rank 0 tells the others whether its reservation was
+taken before anyone writes, so that a refusal (a path under no tier, a token without the
+scope, a step already registered with other content) fails every rank at once instead of
+leaving them in the save's collectives without it. Later saves send their reservation
+from a thread of their own while DCP stages and writes (a round trip to the service is
+several times 1 % of a 100 MB save), and commit once both the reservation and the upload
+are done; a refusal then is logged and that save goes on uncatalogued. `save` (blocking)
+always reserves first.
 
 The manifest: the files are the ones the write results name (each rank's `.distcp` files,
 from the `Metadata` the save returns) and the `.metadata` file, sized from the storage
@@ -56,8 +62,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from concurrent.futures import Future
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +100,18 @@ class SaveFuture(Future[Checkpoint | None]):
         self,
         staging_completion: Future[Any],
         upload_completion: Future[Any],
-        reservation: Reservation | None,
+        reserving: Future[Reservation | None],
     ) -> None:
         super().__init__()
         self.staging_completion = staging_completion
         self.upload_completion = upload_completion
-        self.reservation = reservation
+        self._reserving = reserving
         self.metadata: Any = None
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """Rank 0's reservation once it is answered (it may still be on its way)."""
+        return self._reserving.result()
 
     def cancel(self) -> bool:
         """A save under way cannot be cancelled (DCP's own future cannot either)."""
@@ -132,11 +144,11 @@ def async_save(
     checkpoint (`future.reservation.metrics` can still be added to until the commit).
     A failure before the upload starts (staging, a refused reservation) raises here."""
     where = _Where(checkpoint_id, kwargs)
-    reservation = _reserve(run, step, where, cls, labels, metrics)
+    reserving = _reserving(run, step, where, cls, labels, metrics)
     try:
         answer = torch_dcp.async_save(dict(state_dict), checkpoint_id=checkpoint_id, **kwargs)
     except BaseException as error:
-        _abort(reservation, error)
+        _abort(reserving.result(), error)
         raise
     if isinstance(answer, Future):
         staged: Future[Any] = Future()
@@ -144,7 +156,7 @@ def async_save(
         upload: Future[Any] = answer
     else:  # AsyncSaveResponse: staging goes on in the background
         staged, upload = answer.staging_completion, answer.upload_completion
-    future = SaveFuture(staged, upload, reservation)
+    future = SaveFuture(staged, upload, reserving)
     upload.add_done_callback(_Finish(future, where))
     return future
 
@@ -164,7 +176,7 @@ def save(
     `async_save` does but blocking: the committed checkpoint on rank 0, None elsewhere (and
     when the commit was spooled). A failed save aborts the reservation and raises."""
     where = _Where(checkpoint_id, kwargs)
-    reservation = _reserve(run, step, where, cls, labels, metrics)
+    reservation = _reserve(run, step, where, cls, labels, metrics, agree=True)
     try:
         metadata = torch_dcp.save(dict(state_dict), checkpoint_id=checkpoint_id, **kwargs)
     except BaseException as error:
@@ -239,6 +251,61 @@ class _Where:
             self.metadata_file = f"__0{METADATA_FILE}" if self.size == 1 else None
 
 
+class _Courier:
+    """The thread rank 0 sends its later reservations from, one at a time in order, and
+    whether this process has made its first `async_save` (every rank makes the same calls,
+    so every rank agrees on which one that is)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.first_done = False
+        self.executor: ThreadPoolExecutor | None = None
+
+    def first(self) -> bool:
+        with self.lock:
+            first, self.first_done = not self.first_done, True
+            return first
+
+    def submit(self, call: Callable[[], Reservation | None]) -> Future[Reservation | None]:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-dcp-catalog")
+            return self.executor.submit(call)
+
+
+_COURIER = _Courier()
+
+
+def _reserving(
+    run: Run | None,
+    step: int,
+    where: _Where,
+    cls: str,
+    labels: Mapping[str, str] | None,
+    metrics: Mapping[str, float] | None,
+) -> Future[Reservation | None]:
+    """The save's reservation, as a future. The process's first save reserves here and now
+    (on every rank, see `_reserve`): a setting that refuses it (a path under no tier, a
+    token without the scope, an ended run) fails the save before anything is written.
+    Later saves send theirs from the courier's thread while DCP stages and writes, so
+    the training never waits on the service; a refusal then is logged, and the save goes
+    on uncatalogued."""
+    first = _COURIER.first()
+    if first or run is None or where.rank != 0:
+        done: Future[Reservation | None] = Future()
+        done.set_result(_reserve(run, step, where, cls, labels, metrics, agree=first))
+        return done
+
+    def reserve() -> Reservation | None:
+        try:
+            return _reserve(run, step, where, cls, labels, metrics, agree=False)
+        except Exception as error:
+            log.error("step %d is saved but not catalogued: %s", step, _describe(error))
+            return None
+
+    return _COURIER.submit(reserve)
+
+
 def _reserve(
     run: Run | None,
     step: int,
@@ -246,8 +313,11 @@ def _reserve(
     cls: str,
     labels: Mapping[str, str] | None,
     metrics: Mapping[str, float] | None,
+    *,
+    agree: bool,
 ) -> Reservation | None:
-    """Rank 0's reservation (None on the other ranks), agreed on by every rank."""
+    """Rank 0's reservation (None on the other ranks), agreed on by every rank when
+    `agree` (every rank calls it then)."""
     rank, size, group = where.rank, where.size, where.group
     reservation: Reservation | None = None
     refusal: BaseException | None = None
@@ -261,7 +331,7 @@ def _reserve(
                 refusal = error
         if reservation is not None and metrics:
             reservation.metrics.update({k: float(v) for k, v in metrics.items()})
-    if size > 1:
+    if size > 1 and agree:
         said = [None if refusal is None else f"{type(refusal).__name__}: {refusal}"]
         source = 0 if group is None else dist.get_global_rank(group, 0)
         dist.broadcast_object_list(said, src=source, group=group, device=torch.device("cpu"))
