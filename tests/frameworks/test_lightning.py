@@ -182,6 +182,10 @@ def test_a_killed_training_resumes_from_its_newest_committed_step(
         assert f"RESUME {directory / step_file(6)}" in lines and "START 6" in lines
         with service.admin() as admin:
             run = run_of(admin, project)
+            poll(
+                "step 10 committed",
+                lambda: checkpoints(admin, run["id"]).get(10, {}).get("state") == "active",
+            )
             saved = checkpoints(admin, run["id"])
             assert run["status"] == "active" and run["resumed_from"] == saved[6]["id"]
             assert sorted(saved) == [2, 4, 6, 8, 10]
