@@ -119,9 +119,11 @@ def test_the_policy_alone_decides_which_saves_stay_on_disk(
         assert on_disk(root) == {"6", "8", "10"}
 
 
-def test_synchronous_saves_are_committed_too(training: Training, project: str) -> None:
+def test_synchronous_saves_are_committed_too_under_a_run_attached_beforehand(
+    training: Training, project: str
+) -> None:
     root = training.service.tier_dir("hot") / project / "run-1"
-    done = training.run(SCRIPT, *argv(root, project, "--steps", "4", "--sync"))
+    done = training.run(SCRIPT, *argv(root, project, "--steps", "4", "--sync", "--attached"))
     assert "DONE 4" in done.stdout
     with training.service.admin() as admin:
         saved = checkpoints(admin, run_of(admin, project)["id"])
@@ -164,6 +166,26 @@ def test_a_save_killed_before_its_rename_stays_reserved_until_the_service_aborts
     with training.service.admin() as admin:
         states = {s: c["state"] for s, c in checkpoints(admin, run["id"]).items()}
     assert states[2] == "active" and states[4] in ("trashed", "deleted")
+
+
+def test_an_orbax_whose_finalize_hook_changed_is_refused_at_import(training: Training) -> None:
+    """The one private method the manager overrides: another signature fails loudly."""
+    probe = (
+        "import orbax.checkpoint as ocp\n"
+        "ocp.CheckpointManager._finalize = lambda self, step: None\n"
+        "import ckpt_client.orbax\n"
+    )
+    done = subprocess.run(
+        [str(training.python), "-c", probe],
+        env=training.env(),
+        capture_output=True,
+        text=True,
+        timeout=TRAIN_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "ImportError: ckpt_client.orbax commits a save after orbax renames it" in done.stderr
+    assert "('self', 'step')" in done.stderr
 
 
 def test_a_failed_save_aborts_its_reservation(training: Training, project: str) -> None:

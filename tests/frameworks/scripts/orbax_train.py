@@ -4,7 +4,7 @@ a pytree of two arrays, one deterministic update per step, an asynchronous save 
 
     orbax_train.py --project P --run R --root DIR --steps N --save-every K
                    [--resume] [--hold-at STEP --gate FILE] [--block-at STEP]
-                   [--fail-at STEP] [--deadline S] [--max-to-keep N] [--sync]
+                   [--fail-at STEP] [--deadline S] [--max-to-keep N] [--sync] [--attached]
 
 It prints a line per event, for the test to read: `SAVED <step> <checksum>` when a save
 returns, `RESUME <path>` and `START <step> <checksum>` when it resumed (`--resume`:
@@ -16,7 +16,8 @@ place (it blocks there for good, in orbax's post-finalization callback, to be ki
 `FAILED <step> <error>` when the save of `--fail-at` failed (an injected full disk, in
 the same callback), and `DONE <step>` at the end, after the run is completed.
 `--max-to-keep` is handed to orbax
-(the manager must ignore it); `--sync` saves synchronously.
+(the manager must ignore it); `--sync` saves synchronously; `--attached` hands the
+manager a run attached beforehand (`run=`) instead of its project and name.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=60.0)
     parser.add_argument("--max-to-keep", type=int)
     parser.add_argument("--sync", action="store_true")
+    parser.add_argument("--attached", action="store_true")
     args = parser.parse_args()
 
     root = Path(args.root)
@@ -97,9 +99,10 @@ def main() -> int:
     client = ckpt_client.Client(deadline=args.deadline)
     state = initial()
     start = 0
-    with CatalogCheckpointManager(
-        root, options, project=args.project, run_name=args.run, client=client
-    ) as mngr:
+    catalogue: dict[str, Any] = {"project": args.project, "run_name": args.run, "client": client}
+    if args.attached:  # a run attached beforehand, as a benchmark hands it over
+        catalogue = {"run": client.run(args.project, args.run)}
+    with CatalogCheckpointManager(root, options, **catalogue) as mngr:
         if args.resume:
             path = ckpt_client.resume_path(args.project, args.run, client=client)
             if path is not None:
