@@ -11,7 +11,7 @@
         start = mngr.resume_step()              # the newest committed step, per the catalog
         if start is not None:
             state = mngr.restore(start, args=ocp.args.StandardRestore(abstract_state))
-        for step in range(start or 0, steps):
+        for step in range((start or 0) + 1, steps + 1):
             ...
             mngr.save(step, args=ocp.args.StandardSave(state), metrics={"loss": loss})
 
@@ -32,15 +32,13 @@ Importing this module checks that method is there with that signature and raises
 `ImportError` if not, and `wait_until_finished` raises if a save was never finalized
 through it, so a change in orbax fails loudly instead of leaving saves uncatalogued.
 
-Deletion belongs to the service's policy: the manager forces `max_to_keep=None` and no
-`preservation_policy` (warning if they were set), hands orbax's deleter no steps, and its
-`delete` deletes nothing.
+Deletion is the service's policy's: `max_to_keep=None` and no `preservation_policy` are
+forced (with a warning if set), orbax's deleter gets no steps, `delete` deletes nothing.
 
-The catalog's calls run in a thread of the manager's own, in the order of the saves, so
-neither the training step nor orbax's finalize thread waits on the service: an outage
+The catalog's calls run in a thread of the manager's own, in the order of the saves:
+neither the training step nor orbax's finalize thread waits on the service, and an outage
 costs a save nothing (the commit is spooled past the client's deadline, see `Client`).
-`wait_for_catalog()` waits for what was handed over; `close()` (the `with` block's end)
-does too. Only orbax's primary host talks to the service.
+`wait_for_catalog()` and `close()` wait for them. Only orbax's primary host calls.
 
 `latest_step()` stays orbax's own (it is called every step). `resume_step()` asks the
 catalog; `restore` notes the step restored as the run's `resumed_from`, which the service
@@ -424,13 +422,14 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
         try:
             for checkpoint in run.checkpoints(state="active"):  # newest first
                 if checkpoint.step == step:
+                    body: dict[str, str] = {}
                     if run.resumed_from != checkpoint.id:
-                        body = {"resumed_from": checkpoint.id}
-                        if run.status != "active":
-                            body["status"] = "active"  # a job trains on it again
-                        run._update(
-                            run.client.call("PATCH", f"/v1/runs/{segment(run.id)}", json=body)
-                        )
+                        body["resumed_from"] = checkpoint.id
+                    if run.status != "active":
+                        body["status"] = "active"  # a job trains on it again
+                    if body:
+                        path = f"/v1/runs/{segment(run.id)}"
+                        run._update(run.client.call("PATCH", path, json=body))
                     return
                 if checkpoint.step < step:
                     break
