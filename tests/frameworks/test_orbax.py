@@ -224,6 +224,7 @@ def test_a_killed_training_resumes_from_its_newest_committed_step(
     )
     try:
         lines = read_until(again, "AT 11")
+        assert "CATALOG 6 ORBAX 6" in lines
         assert f"RESUME {root / '6'}" in lines
         assert f"START 6 {before[6]}" in lines
         with training.service.admin() as admin:
@@ -281,6 +282,8 @@ def test_a_checkpoint_moved_to_cold_is_staged_back_onto_hot_to_resume(
         assert four["tier"] == "cold" and [loc["role"] for loc in hot] == ["replica"]
         staged = hot[0]["uri"].removeprefix("file://")
         assert Path(staged).name == "step-4"  # the service's name, not orbax's
+        # the catalog knows step 4, in cold; orbax's directory holds no step it can read
+        assert "CATALOG 4 ORBAX None" in again.stdout
         assert f"RESUME {staged}" in again.stdout
         assert f"START 4 {before[4]}" in again.stdout
         assert "DONE 6" in again.stdout

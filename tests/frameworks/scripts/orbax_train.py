@@ -7,7 +7,8 @@ a pytree of two arrays, one deterministic update per step, an asynchronous save 
                    [--fail-at STEP] [--deadline S] [--max-to-keep N] [--sync] [--attached]
 
 It prints a line per event, for the test to read: `SAVED <step> <checksum>` when a save
-returns, `RESUME <path>` and `START <step> <checksum>` when it resumed (`--resume`:
+returns, `CATALOG <step> ORBAX <step>` first when it resumes (what `resume_step()` and orbax's
+`latest_step()` say), `RESUME <path>` and `START <step> <checksum>` when it resumed (`--resume`:
 `ckpt_client.resume_path`, then `restore` for one of the manager's own step directories
 or `restore_from` for a copy the service staged), `AT <step>` when it holds (`--hold-at`:
 every save so far finished and catalogued, it waits for `--gate` to exist), `BLOCKED
@@ -15,9 +16,9 @@ every save so far finished and catalogued, it waits for `--gate` to exist), `BLO
 place (it blocks there for good, in orbax's post-finalization callback, to be killed), and
 `FAILED <step> <error>` when the save of `--fail-at` failed (an injected full disk, in
 the same callback), and `DONE <step>` at the end, after the run is completed.
-`--max-to-keep` is handed to orbax
-(the manager must ignore it); `--sync` saves synchronously; `--attached` hands the
-manager a run attached beforehand (`run=`) instead of its project and name.
+`--max-to-keep` is handed to orbax (the manager must ignore it); `--sync` saves
+synchronously; `--attached` hands the manager a run attached beforehand (`run=`) instead
+of its project and name.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main() -> int:
         catalogue = {"run": client.run(args.project, args.run)}
     with CatalogCheckpointManager(root, options, **catalogue) as mngr:
         if args.resume:
+            say(f"CATALOG {mngr.resume_step()} ORBAX {mngr.latest_step()}")
             path = ckpt_client.resume_path(args.project, args.run, client=client)
             if path is not None:
                 say(f"RESUME {path}")
