@@ -47,11 +47,14 @@ class Clock:
                     return call(*args, **kwargs)
                 finally:
                     self.times["writer"].append(time.perf_counter() - started)
-            self.inner.spent = 0.0
+            if getattr(self.inner, "depth", 0):  # called back from within one: part of it
+                return call(*args, **kwargs)
+            self.inner.depth, self.inner.spent = 1, 0.0
             started = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
+                self.inner.depth = 0
                 self.times[name].append(time.perf_counter() - started - self.inner.spent)
 
         return timed
@@ -61,12 +64,18 @@ class Clock:
 
         @functools.wraps(call)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            main = threading.current_thread() is self.main
+            if main and getattr(self.inner, "framework", False):  # within one: counted there
+                return call(*args, **kwargs)
+            if main:
+                self.inner.framework = True
             started = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
                 spent = time.perf_counter() - started
-                if threading.current_thread() is self.main:
+                if main:
+                    self.inner.framework = False
                     self.inner.spent = getattr(self.inner, "spent", 0.0) + spent
                 self.times[name].append(spent)
 
@@ -289,10 +298,81 @@ def transformers(options: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     return result
 
 
+def orbax(options: argparse.Namespace, clock: Clock) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    import ckpt_client
+    from ckpt_client.orbax import CatalogCheckpointManager
+
+    for method in ("save", "wait_until_finished"):
+        setattr(
+            ocp.CheckpointManager,
+            method,
+            clock.framework(method, getattr(ocp.CheckpointManager, method)),
+        )
+        setattr(
+            CatalogCheckpointManager,
+            method,
+            clock.outer("added", vars(CatalogCheckpointManager)[method]),
+        )
+    client = ckpt_client.Client()
+    # four float32 arrays of about 2,500 x 2,500: 100 MB a save
+    side = int((options.width**2 * options.layers * 3) ** 0.5 / 2)
+    result: dict[str, Any] = {"bare": [], "catalog": []}
+    for number, peer in enumerate(rounds(options)):
+        name = f"orbax-{peer}-{options.stamp}-{number}"
+        root = options.output_root / name
+        keys = jax.random.split(jax.random.PRNGKey(0), 4)  # random: orbax compresses
+        state = {
+            f"w{i}": jax.random.normal(k, (side, side), dtype=jnp.float32)
+            for i, k in enumerate(keys)
+        }
+        manager_options = ocp.CheckpointManagerOptions(max_to_keep=None)
+        if peer == "catalog":
+            manager: Any = CatalogCheckpointManager(
+                root, manager_options, run=client.run("bench", name)
+            )
+        else:
+            manager = ocp.CheckpointManager(root, options=manager_options)
+        clock.take()
+        saves: list[float] = []
+        started = time.perf_counter()
+        with manager:
+            for step in range(1, options.saves + 1):
+                state = jax.tree.map(lambda x: x * 0.999 + 0.001, state)
+                jax.block_until_ready(state)
+                began = time.perf_counter()
+                manager.save(step, args=ocp.args.StandardSave(state))
+                manager.wait_until_finished()
+                saves.append(time.perf_counter() - began)
+            if peer == "catalog":
+                manager.wait_for_catalog()
+                run = manager.run
+        wall = time.perf_counter() - started
+        times = clock.take()
+        if peer == "catalog":
+            states = [c.state for c in run.checkpoints()]
+            assert states == ["active"] * options.saves, states
+        result["checkpoint_bytes"] = size_of(root / "1")
+        shutil.rmtree(root)
+        if peer != "warm-up":
+            entry = {
+                "wall_s": wall,
+                "save_s": saves,
+                **{f"{k}_s": v for k, v in times.items() if k != "save"},
+            }
+            result[peer].append(entry)
+    client.close()
+    return result
+
+
 TRAININGS: dict[str, Callable[[argparse.Namespace, Clock], dict[str, Any]]] = {
     "lightning": lightning,
     "dcp": dcp,
     "transformers": transformers,
+    "orbax": orbax,
 }
 
 

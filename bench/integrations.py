@@ -1,6 +1,7 @@
 """What each training integration adds to a save: the same training with and without it,
 for Lightning (plain and under `AsyncCheckpointIO`), torch.distributed.checkpoint
-(`async_save`, thread mode) and the Hugging Face Trainer, in one run, against `ckpt api`
+(`async_save`, thread mode), the Hugging Face Trainer and Orbax's `CheckpointManager`
+(asynchronous), in one run, against `ckpt api`
 on PostgreSQL, each saving about 100 MB on local disk at every step.
 
     .venv/bin/python bench/integrations.py [--saves 20] [--rounds 3] [--only dcp ...]
@@ -35,7 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAININGS = ROOT / "bench" / "integration_trainings.py"
-FRAMEWORKS = ("lightning", "dcp", "transformers")
+FRAMEWORKS = ("lightning", "dcp", "transformers", "orbax")
 LIMIT_SHARE = 0.01  # of the framework's own save
 LIMIT_SECONDS = 0.050  # per save, whatever its size
 

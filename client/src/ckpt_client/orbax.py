@@ -110,6 +110,7 @@ class _Save:
     metrics: dict[str, float]
     reservation: Reservation | None = None
     refused: CatalogError | None = None
+    reserve_sent: bool = False  # by save() returning, or by _finalize if that came first
 
 
 def step_of(path: str | os.PathLike[str]) -> int | None:
@@ -248,19 +249,28 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
                 self._pending.pop(step, None)  # not finalized, so never reserved
             raise
         with self._lock:
+            send = False
             if not saved:
                 self._pending.pop(step, None)
             elif step in self._pending:  # asynchronous: finalized in orbax's thread
                 self._returned.add(step)
+                send, save.reserve_sent = not save.reserve_sent, True
+        if send:  # the reservation travels while orbax writes in the background
+            self._submit(functools.partial(self._reserve, save))
         return saved
 
     def _finalize(self, step: int, steps_to_remove: list[int]) -> None:
         """orbax's finalization (after the write, the rename into place) with no steps to
-        delete; the reservation is handed over first, the commit or abort after."""
+        delete; the commit or abort is handed over after it (behind the reservation,
+        which save() sent when it returned, or which is sent here if it has not been)."""
         with self._lock:
             save = self._pending.pop(step, None)
             self._returned.discard(step)
-        if save is not None:
+            send = save is not None and not save.reserve_sent
+            if save is not None:
+                save.reserve_sent = True
+        if send:  # a synchronous save, or one finalized before save() returned
+            assert save is not None
             self._submit(functools.partial(self._reserve, save))
         if steps_to_remove:
             log.warning("orbax meant to delete steps %s: left to the catalog", steps_to_remove)
