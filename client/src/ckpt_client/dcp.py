@@ -63,8 +63,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as torch_dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from ckpt_client.courier import Courier
 from ckpt_client.errors import CatalogError
 from ckpt_client.models import Checkpoint, local_path_of, to_uri
 from ckpt_client.reservation import Reservation
@@ -251,29 +252,23 @@ class _Where:
             self.metadata_file = f"__0{METADATA_FILE}" if self.size == 1 else None
 
 
-class _Courier:
-    """The thread rank 0 sends its later reservations from, one at a time in order, and
-    whether this process has made its first `async_save` (every rank makes the same calls,
-    so every rank agrees on which one that is)."""
+class _Saves:
+    """Whether this process has made its first `async_save` (every rank makes the same
+    calls, so every rank agrees on which one that is), and the courier rank 0 sends its
+    later reservations through."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.first_done = False
-        self.executor: ThreadPoolExecutor | None = None
+        self.courier = Courier("ckpt-dcp-catalog")
 
     def first(self) -> bool:
         with self.lock:
             first, self.first_done = not self.first_done, True
             return first
 
-    def submit(self, call: Callable[[], Reservation | None]) -> Future[Reservation | None]:
-        with self.lock:
-            if self.executor is None:
-                self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-dcp-catalog")
-            return self.executor.submit(call)
 
-
-_COURIER = _Courier()
+_SAVES = _Saves()
 
 
 def _reserving(
@@ -290,7 +285,7 @@ def _reserving(
     Later saves send theirs from the courier's thread while DCP stages and writes, so
     the training never waits on the service; a refusal then is logged, and the save goes
     on uncatalogued."""
-    first = _COURIER.first()
+    first = _SAVES.first()
     if first or run is None or where.rank != 0:
         done: Future[Reservation | None] = Future()
         done.set_result(_reserve(run, step, where, cls, labels, metrics, agree=first))
@@ -303,7 +298,7 @@ def _reserving(
             log.error("step %d is saved but not catalogued: %s", step, _describe(error))
             return None
 
-    return _COURIER.submit(reserve)
+    return _SAVES.courier.submit(reserve)
 
 
 def _reserve(

@@ -28,13 +28,13 @@ Only global rank zero talks to the service (it is the only one Lightning lets wr
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,9 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
 from ckpt_client.client import Client
+from ckpt_client.courier import Courier
 from ckpt_client.errors import CatalogError, Conflict, Unavailable
-from ckpt_client.models import Checkpoint, to_uri
+from ckpt_client.models import Checkpoint, scalars, to_uri
 from ckpt_client.reservation import Reservation
 from ckpt_client.run import Run
 from ckpt_client.transport import segment
@@ -82,20 +83,6 @@ def _uri_of(path: str | os.PathLike[str]) -> str:
     return to_uri(Path(text))
 
 
-def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers among `trainer.callback_metrics` (tensors of one element included): what
-    JSON can carry, so nothing NaN or infinite."""
-    out: dict[str, float] = {}
-    for name, value in metrics.items():
-        try:
-            number = float(value.item() if hasattr(value, "item") else value)
-        except (TypeError, ValueError, RuntimeError):
-            continue
-        if math.isfinite(number):
-            out[str(name)] = number
-    return out
-
-
 class CatalogCheckpointIO(_WrappingCheckpointIO):
     """A `CheckpointIO` that catalogs each save of the one it wraps (the strategy's own,
     `TorchCheckpointIO` by default, filled in by Lightning when left None).
@@ -129,7 +116,7 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
         self.last: _Save | None = None  # the latest save written (the final-to-be)
         # The catalog's calls, in the order asked, on a thread of their own: a save never
         # waits on the service, and a commit still follows its reservation.
-        self._courier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-catalog")
+        self._courier = Courier("ckpt-lightning-catalog")
         self._refusal: CatalogError | None = None  # a refusal that stops the fit
 
     def _attached(self) -> Run:
@@ -164,21 +151,21 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
         with self._lock:
             self.saves[step] = save
         self._raise_refusal()  # an earlier save's, found out since
-        reserving = self._courier.submit(self._reserve, save, note.cls)
+        reserving = self._courier.submit(partial(self._reserve, save, note.cls))
         try:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         except BaseException as error:
-            self._courier.submit(self._abort_after, reserving, error)
+            self._courier.submit(partial(self._abort_after, reserving, error))
             raise
         with self._lock:
             if self.last is None or step >= self.last.step:
                 self.last = save
-        self._courier.submit(self._commit_after, save, reserving, note.metrics)
+        self._courier.submit(partial(self._commit_after, save, reserving, note.metrics))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every reservation and commit asked for so far has been sent (or
         spooled), then raise what the catalog refused that stops the fit, if anything."""
-        self._courier.submit(lambda: None).result(timeout=timeout)
+        self._courier.drain(timeout)
         self._raise_refusal()
 
     def _raise_refusal(self) -> None:
@@ -377,7 +364,7 @@ class CatalogCallback(Callback):
         if self.io is None or not trainer.is_global_zero:
             return
         step = int(checkpoint.get("global_step", trainer.global_step))
-        metrics = _scalars(trainer.callback_metrics)
+        metrics = scalars(trainer.callback_metrics)
         self.io.note(step, cls=self.classify(step), metrics=metrics)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:

@@ -7,8 +7,10 @@ and `fromisoformat` there reads neither `Z` nor anything but 3 or 6 fraction dig
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -191,3 +193,33 @@ class Tier:
             rank=int(data.get("rank", 0)),
             storage_class=data.get("storage_class"),
         )
+
+
+def scalars(metrics: Any) -> dict[str, float]:
+    """The finite numbers among a framework's metrics (a flat mapping; tensors and arrays
+    of one element included): what the catalog stores, so nothing NaN or infinite."""
+    out: dict[str, float] = {}
+    if not isinstance(metrics, Mapping):
+        return out
+    for name, value in metrics.items():
+        try:
+            number = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if math.isfinite(number):
+            out[str(name)] = number
+    return out
+
+
+def directory_manifest(root: Path) -> list[FileEntry]:
+    """Every file under the step directory `root`: its path relative to it and its size,
+    as the framework left them (sent with the registration or commit, so the service need
+    not list the directory)."""
+    entries: list[FileEntry] = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            entries.append(
+                {"path": path.relative_to(root).as_posix(), "size_bytes": path.stat().st_size}
+            )
+    return sorted(entries, key=lambda e: e["path"])

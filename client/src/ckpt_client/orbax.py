@@ -51,14 +51,11 @@ Needs `orbax-checkpoint` (tested with 0.12.8, JAX on the CPU), imported with thi
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import inspect
 import logging
-import math
 import os
-import queue
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -70,8 +67,10 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import multihost
 
 from ckpt_client.client import Client
+from ckpt_client.courier import Courier
 from ckpt_client.errors import CatalogError, Unavailable
-from ckpt_client.models import FileEntry, local_path_of, to_uri
+from ckpt_client.models import directory_manifest as manifest
+from ckpt_client.models import local_path_of, scalars, to_uri
 from ckpt_client.reservation import Reservation
 from ckpt_client.run import Run
 from ckpt_client.transport import segment
@@ -118,34 +117,6 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
     staged), `<prefix>_<N>`; None if its name ends in no number."""
     found = re.search(r"(\d+)$", Path(os.fspath(path)).name)
     return int(found.group(1)) if found else None
-
-
-def manifest(root: Path) -> list[FileEntry]:
-    """Every file under the step directory `root`, relative to it, with its size."""
-    entries: list[FileEntry] = []
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = Path(directory) / name
-            entries.append(
-                {"path": path.relative_to(root).as_posix(), "size_bytes": path.stat().st_size}
-            )
-    return sorted(entries, key=lambda e: e["path"])
-
-
-def _scalars(metrics: Any) -> dict[str, float]:
-    """The finite numbers among orbax's `metrics` (a flat mapping; arrays of one element
-    included), which the catalog stores with the checkpoint."""
-    out: dict[str, float] = {}
-    if not isinstance(metrics, Mapping):
-        return out
-    for name, value in metrics.items():
-        try:
-            number = float(value.item() if hasattr(value, "item") else value)
-        except (TypeError, ValueError, RuntimeError):
-            continue
-        if math.isfinite(number):
-            out[str(name)] = number
-    return out
 
 
 def _catalogue_options(options: Any) -> Any:
@@ -203,8 +174,7 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
         self._pending: dict[int, _Save] = {}  # saving, not finalized yet
         self._returned: set[int] = set()  # of those, the ones whose save() returned
         self._lock = threading.Lock()
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        self._courier = Courier("ckpt-orbax-catalog")
         self._owns_client = False
         self.run: Run | None = None
         primary = options.multiprocessing_options.primary_host
@@ -239,7 +209,7 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
         path = ocp.path.step.build_step_path(self.directory, self._name_format, step)
         text = str(path)  # an epath: local, or a bucket's url
         uri = text if "://" in text else to_uri(Path(text))
-        save = _Save(step, uri, self.classify(step), _scalars(kwargs.get("metrics")))
+        save = _Save(step, uri, self.classify(step), scalars(kwargs.get("metrics")))
         with self._lock:
             self._pending[step] = save
         try:
@@ -311,7 +281,7 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
         try:
             super().close()
         finally:
-            self._stop_worker()
+            self._courier.close()
             if self._owns_client and self.run is not None:
                 self.run.client.close()
                 self._owns_client = False
@@ -355,40 +325,11 @@ class CatalogCheckpointManager(ocp.CheckpointManager):
     def wait_for_catalog(self, timeout: float | None = None) -> bool:
         """Wait until the catalog's calls handed over so far are made (or spooled); False
         if `timeout` passed first."""
-        if self._worker is None:
-            return True
-        done = threading.Event()
-        self._tasks.put(done.set)
-        return done.wait(timeout)
+        return self._courier.drain(timeout)
 
     def _submit(self, task: Callable[[], None]) -> None:
-        if self.run is None:
-            return
-        with self._lock:
-            if self._worker is None:
-                # a daemon, drained at close() or else at the interpreter's exit (atexit
-                # runs before daemon threads stop)
-                self._worker = threading.Thread(
-                    target=self._work, name="ckpt-orbax-catalog", daemon=True
-                )
-                self._worker.start()
-                atexit.register(self._stop_worker)
-        self._tasks.put(task)
-
-    def _stop_worker(self) -> None:
-        with self._lock:
-            worker, self._worker = self._worker, None
-        if worker is not None:
-            atexit.unregister(self._stop_worker)
-            self._tasks.put(None)
-            worker.join()
-
-    def _work(self) -> None:
-        while (task := self._tasks.get()) is not None:
-            try:
-                task()
-            except Exception:  # a bug here must not cost the later saves their catalogue
-                log.exception("a catalog call of the orbax manager failed")
+        if self.run is not None:
+            self._courier.submit(task)
 
     def _reserve(self, save: _Save) -> None:
         assert self.run is not None

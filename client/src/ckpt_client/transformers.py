@@ -24,22 +24,22 @@ Only the world's process zero talks to the service. It needs `transformers` (the
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
-import queue
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from ckpt_client.client import Client
+from ckpt_client.courier import Courier
 from ckpt_client.errors import CatalogError, Unavailable
 from ckpt_client.models import Checkpoint, FileEntry
+from ckpt_client.models import directory_manifest as manifest
 from ckpt_client.run import Run
 from ckpt_client.transport import segment
 
@@ -142,8 +142,7 @@ class CatalogCallback(TrainerCallback):
         self._last: Checkpoint | None = None  # the last save this process registered
         self._last_class: str | None = None  # and its class (also when spooled)
         self._warned_rotation = False
-        self._tasks: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None  # registers the saves, in order
+        self._courier = Courier("ckpt-transformers-catalog")  # registers the saves, in order
 
     @property
     def run(self) -> Run | None:
@@ -155,7 +154,7 @@ class CatalogCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        self._stop_worker()  # a train() before that raised may have left saves to register
+        self._courier.close()  # a train() before that raised may have left saves to register
         if args.save_total_limit and not self._warned_rotation:
             self._warned_rotation = True
             log.warning(
@@ -186,7 +185,6 @@ class CatalogCallback(TrainerCallback):
                 log.warning(
                     "could not update run %s/%s (%s): %s", run.project, run.name, changes, error
                 )
-        self._start_worker()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero or self._run is None:
@@ -207,12 +205,12 @@ class CatalogCallback(TrainerCallback):
         if best and value is not None:
             save.former, self._best = self._best, _Best(step, value, cls, None)
             save.best = self._best
-        self._tasks.put(save)
+        self._courier.submit(partial(self._register, save))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero or self._run is None:
             return
-        self._stop_worker()  # every save registered (or spooled) first
+        self._courier.close()  # every save registered (or spooled) first
         run = self._run
         # The last save is final already when the Trainer stopped right after it; else
         # (`save_strategy="best"`, a job resumed with nothing left to train) it is promoted.
@@ -237,28 +235,6 @@ class CatalogCallback(TrainerCallback):
                 self.project, self.run_name, labels=self._labels, policy=self._policy
             )
         return self._run
-
-    def _start_worker(self) -> None:
-        # A daemon, stopped at the end of training or, if train() raised, at the
-        # interpreter's exit (which runs atexit before it stops daemon threads).
-        self._worker = threading.Thread(target=self._work, name="ckpt-register", daemon=True)
-        self._worker.start()
-        atexit.register(self._stop_worker)
-
-    def _stop_worker(self) -> None:
-        """Wait for the saves handed over so far to be registered, and end the thread."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            atexit.unregister(self._stop_worker)
-            self._tasks.put(None)
-            worker.join()
-
-    def _work(self) -> None:
-        while (save := self._tasks.get()) is not None:
-            try:
-                self._register(save)
-            except Exception:  # a bug here must not cost the later saves their registration
-                log.exception("step %d was not registered", save.step)
 
     def _register(self, save: _Save) -> None:
         """One save's registration, in the worker thread."""
@@ -378,19 +354,6 @@ def latest_eval_metrics(
             chosen = dict(sorted(found.items())[:METRICS_LIMIT])
             return chosen, int(step) if isinstance(step, (int, float)) else None
     return {}, None
-
-
-def manifest(root: Path) -> list[FileEntry]:
-    """Every file under `root`: its path relative to it and its size, as the Trainer left
-    them (sent with the registration, so the service need not list the directory)."""
-    entries: list[FileEntry] = []
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = Path(directory) / name
-            entries.append(
-                {"path": path.relative_to(root).as_posix(), "size_bytes": path.stat().st_size}
-            )
-    return sorted(entries, key=lambda e: e["path"])
 
 
 def _check_under_a_tier(client: Client, output_dir: Path) -> None:
