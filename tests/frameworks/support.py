@@ -1,8 +1,11 @@
 """What the framework tests share: the catalog as an admin sees it, policies put for a
-test's own project, and sweeps run to their end (actions and purges done)."""
+test's own project, sweeps run to their end (actions and purges done), and a training
+process read line by line and killed."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -78,3 +81,29 @@ def sweep_and_settle(admin: httpx.Client, project: str) -> None:
 
 def files(directory: Path) -> set[str]:
     return {p.name for p in directory.iterdir()} if directory.exists() else set()
+
+
+def read_until(process: subprocess.Popen[str], marker: str) -> list[str]:
+    """The training's output lines up to the one starting with `marker` (it prints nothing
+    else that could fill a pipe); fails if it ends first."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            process.wait(timeout=30)
+            stderr = process.stderr.read() if process.stderr else ""
+            raise AssertionError(f"exited {process.returncode} before {marker!r}: {stderr[-4000:]}")
+        lines.append(line.strip())
+        if line.startswith(marker):
+            return lines
+
+
+def kill(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the training (a preemption), if it still runs, and close its pipes."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()

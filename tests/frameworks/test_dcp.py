@@ -27,8 +27,10 @@ from tests.frameworks.support import (
     back_date,
     checkpoints,
     files,
+    kill,
     poll,
     put_policy,
+    read_until,
     run_of,
     sweep_and_settle,
 )
@@ -292,6 +294,56 @@ def test_a_later_save_whose_reservation_is_refused_is_written_uncatalogued(
     states = {c.step: (c.cls, c.state) for c in run.checkpoints()}
     assert states[3][0] == "milestone" and states[3][1] in ("trashed", "deleted")
     assert (states[2][1], states[4][1]) == ("active", "active")
+
+
+def test_a_training_outlives_an_outage_of_the_catalog(
+    training: Training, tmp_path: Path, project: str, catalog: Client
+) -> None:
+    """The service goes away after the first save: the later ones are written all the
+    same, their registrations spooled past the client's one-second deadline, and a flush
+    once it is back catalogues them whole."""
+    root = training.service.tier_dir("hot") / project / "run-1"
+    report_path = tmp_path / "report.json"
+    job = training.start(
+        SCRIPT, "--project", project, "--run", "run-1", "--root", str(root),
+        "--report", str(report_path), "--save-at", "2,4,6", "--hold-at", "3",
+        "--deadline", "1", "--mode", "thread",
+    )  # fmt: skip
+    try:
+        read_until(job, "AT 3")
+        training.service.stop()
+        try:
+            started = time.monotonic()
+            (tmp_path / "gate").touch()
+            _, err = job.communicate(timeout=TRAIN_TIMEOUT)
+            took = time.monotonic() - started
+        finally:
+            training.service.start()
+    finally:
+        kill(job)
+    assert job.returncode == 0, err[-4000:]
+    assert "spooled" in err
+    assert took < 30, took  # two saves, each call held at most its deadline
+    report = json.loads(report_path.read_text())
+    assert report["errors"] == [] and [s["step"] for s in report["saves"]] == [2, 4, 6]
+    assert all("error" not in s for s in report["saves"]), report["saves"]
+
+    flushed = subprocess.run(
+        [str(training.python), "-m", "ckpt_client", "flush"],
+        env=training.env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert flushed.returncode == 0, flushed.stderr
+    run = catalog.run(project, "run-1")
+    states = {c.step: c.state for c in run.checkpoints()}
+    assert states == {2: "active", 4: "active", 6: "active"}
+    sizes = {c.step: c.size_bytes for c in run.checkpoints()}
+    for step in (4, 6):  # registered whole, with the files on disk
+        assert sizes[step] == sum(p.stat().st_size for p in (root / f"step-{step}").iterdir())
 
 
 def _kill(job: subprocess.Popen[str], marker: Path) -> None:

@@ -4,7 +4,6 @@ the policy alone decides what stays on disk, a save killed mid-write never becom
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,8 +15,10 @@ from tests.frameworks.support import (
     back_date,
     checkpoints,
     files,
+    kill,
     poll,
     put_policy,
+    read_until,
     run_of,
     sweep_and_settle,
 )
@@ -86,30 +87,6 @@ def test_the_policy_alone_decides_what_stays_on_disk(
             12: "active",
         }
         assert files(directory) == written - {step_file(2)}
-
-
-def read_until(process: subprocess.Popen[str], marker: str) -> list[str]:
-    """The training's output lines up to the one starting with `marker` (it has printed
-    nothing else that could fill a pipe); fails if it ends first."""
-    assert process.stdout is not None
-    lines: list[str] = []
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            process.wait(timeout=30)
-            stderr = process.stderr.read() if process.stderr else ""
-            raise AssertionError(f"exited {process.returncode} before {marker!r}: {stderr[-4000:]}")
-        lines.append(line.strip())
-        if line.startswith(marker):
-            return lines
-
-
-def kill(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def test_a_save_killed_mid_write_under_async_io_is_aborted_never_active(

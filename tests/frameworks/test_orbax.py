@@ -6,7 +6,6 @@ training resumes from the newest committed step (also from a copy staged back fr
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -22,8 +21,10 @@ from tests.frameworks.support import (
     back_date,
     checkpoints,
     files,
+    kill,
     poll,
     put_policy,
+    read_until,
     run_of,
 )
 
@@ -34,30 +35,6 @@ KEEP_2 = [{"name": "rolling-keep-2", "class": "rolling", "keep_last": 2, "action
 
 def argv(root: Path, project: str, *more: str) -> list[str]:
     return ["--project", project, "--run", "run-1", "--root", str(root), *more]
-
-
-def read_until(process: subprocess.Popen[str], marker: str) -> list[str]:
-    """The training's output lines up to the one starting with `marker`."""
-    assert process.stdout is not None
-    lines: list[str] = []
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            process.wait(timeout=30)
-            stderr = process.stderr.read() if process.stderr else ""
-            raise AssertionError(f"exited {process.returncode} before {marker!r}: {stderr[-4000:]}")
-        lines.append(line.strip())
-        if line.startswith(marker):
-            return lines
-
-
-def kill(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def saved_sums(lines: list[str]) -> dict[int, str]:

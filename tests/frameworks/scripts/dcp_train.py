@@ -4,7 +4,7 @@ optimization step per step, a save at each step of `--save-at`.
 
     dcp_train.py --project P --run R --root DIR --save-at 2,4 --mode thread|process|sync
                  [--resume] [--fail-at STEP] [--hang-at STEP] [--world N] [--async-staging]
-                 [--no-collectives] --report OUT.json
+                 [--no-collectives] [--hold-at STEP] [--deadline S] --report OUT.json
 
 Each save goes to DIR/step-<step>. `--resume` loads the run's newest checkpoint first
 (`ckpt_client.resume_path`, then `dcp.load`) and goes on from its step. `--fail-at` makes
@@ -14,7 +14,9 @@ process that writes), to be killed. `--world 2` runs two ranks (processes of the
 FileStore between them); only rank 0 has a run.
 `--async-staging` stages in the background (a DefaultStager of its own), so that DCP's
 async_save answers an AsyncSaveResponse instead of a Future. `--no-collectives` saves
-with `use_collectives=False` (each rank its own metadata file).
+with `use_collectives=False` (each rank its own metadata file). `--hold-at` waits, once
+every save before that step is committed (or spooled), for a file `gate` in the working
+directory, printing `AT <step>`; `--deadline` is the client's per-call deadline.
 
 The report (JSON, rank 0's, with every rank's errors) says what each save was committed
 as, the files its write results named with their extents, and what a resume loaded.
@@ -44,6 +46,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 import ckpt_client
 import ckpt_client.dcp
 
+GATE = "gate"  # in the working directory: a test that opens it lets a held training go on
 MODES = {
     "thread": ckpt_client.dcp.AsyncCheckpointerType.THREAD,
     "process": ckpt_client.dcp.AsyncCheckpointerType.PROCESS,
@@ -154,7 +157,8 @@ def _train(rank: int, args: argparse.Namespace, store_path: str, report: dict[st
     store = dist.FileStore(store_path, args.world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=args.world)
     training = Training()
-    client = ckpt_client.Client() if rank == 0 else None  # the other ranks never call it
+    deadline = {"deadline": args.deadline} if args.deadline else {}
+    client = ckpt_client.Client(**deadline) if rank == 0 else None  # the others never call it
     run = client.run(args.project, args.run) if client is not None else None
     root = Path(args.root)
 
@@ -189,6 +193,13 @@ def _train(rank: int, args: argparse.Namespace, store_path: str, report: dict[st
 
     while training.step < max(saves, default=0):
         loss = training.train_step()
+        if training.step == args.hold_at:  # every save so far committed, then wait
+            if pending is not None:
+                finish(pending, pending_step)
+                pending = None
+            print(f"AT {training.step}", flush=True)
+            while not Path(GATE).exists():
+                time.sleep(0.05)
         if training.step not in saves:
             continue
         step = training.step
@@ -263,6 +274,8 @@ def main() -> int:
     parser.add_argument("--async-staging", action="store_true")
     parser.add_argument("--no-collectives", action="store_true")
     parser.add_argument("--report", required=True)
+    parser.add_argument("--hold-at", type=int, default=-1, help="print AT <step>, wait for ./gate")
+    parser.add_argument("--deadline", type=float, help="the client's per-call deadline (s)")
     args = parser.parse_args()
     # the process checkpointer's own process group meets on MASTER_ADDR (else this host's
     # name, which a sandbox may not resolve)
