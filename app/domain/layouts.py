@@ -1,0 +1,192 @@
+"""How a tree of objects nobody catalogued says which of them are checkpoints (DESIGN
+section 14): the layouts the training frameworks write, told apart by the name of a
+checkpoint's directory (or file) and by the files a complete one holds.
+
+Pure and streaming: a `Recognizer` is fed the tree's keys (relative to the import's root)
+in sorted order, the order every store lists in, and says what each checkpoint is as soon
+as the listing has moved past it. A checkpoint's objects share its key and a `/` as a
+prefix, so they are contiguous in that order, and memory holds one checkpoint at a time
+whatever the size of the tree.
+
+Which directory is the checkpoint: the shallowest segment with a layout's name
+(`checkpoint-<N>`, `step-<N>`, `iter_<N>`, `global_step<N>`, `step_<N>`), so that the
+DeepSpeed `global_step<N>/` a Trainer writes inside its `checkpoint-<N>/` stays part of
+it; then a Lightning file (`*step=<N>*.ckpt`; `last.ckpt` is an alias); failing those, the
+deepest segment that is a bare number (orbax's `<N>/`), so that a date or a job id above
+the steps (`runs/2024/5/`) is not taken for one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+LAYOUTS = ("hf", "lightning", "dcp", "orbax", "megatron", "deepspeed", "generic")
+AUTO = "auto"
+CONTAINERS = frozenset(
+    {"checkpoints", "checkpoint", "ckpt", "ckpts", "output", "outputs", "models"}
+)
+NAME_LIMIT = 63  # the name pattern: ^[a-z0-9][a-z0-9._-]{0,62}$
+
+# Directory names, by the layout they say ("step-<N>" is dcp's when it holds `.metadata`,
+# generic's otherwise).
+_NAMED: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("hf", re.compile(r"checkpoint-(\d+)")),
+    ("dcp", re.compile(r"step-(\d+)")),
+    ("megatron", re.compile(r"iter_(\d{7})")),
+    ("deepspeed", re.compile(r"global_step(\d+)")),
+    ("generic", re.compile(r"step_(\d+)")),
+)
+_NUMBER = re.compile(r"\d+")
+_ORBAX_TMP = re.compile(r"\d+\.orbax-checkpoint-tmp-.*")
+_LIGHTNING = re.compile(r"(?:.*[^0-9])?step=(\d+)(?:[^0-9].*)?\.ckpt")
+_MARKERS = {
+    "hf": ("trainer_state.json",),
+    "dcp": (".metadata",),
+    "orbax": ("_CHECKPOINT_METADATA", "commit_success.txt"),
+}
+_MISSING = {
+    "hf": "no trainer_state.json",
+    "dcp": "no .metadata",
+    "orbax": "no _CHECKPOINT_METADATA or commit_success.txt",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One checkpoint of the tree. `key` is its directory (or, `single_file`, its file)
+    relative to the root; `run_path` the segments above it, which its run is named from;
+    `files` its objects relative to `key` (a single file: its own name)."""
+
+    layout: str
+    key: str
+    step: int
+    run_path: str
+    single_file: bool
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    """A checkpoint that is reported and never registered, and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass(slots=True)
+class _Group:
+    layout: str  # as the directory's name says (dcp may still turn generic)
+    key: str
+    step: int
+    files: list[str] = field(default_factory=list)
+
+
+def normalise(name: str) -> str:
+    """`name` under the name pattern: lower-cased, every character outside `a-z0-9._-`
+    replaced by `-`, leading punctuation dropped, at most NAME_LIMIT characters; `run`
+    when nothing is left."""
+    lowered = re.sub(r"[^a-z0-9._-]", "-", name.lower())
+    return lowered.lstrip("._-")[:NAME_LIMIT] or "run"
+
+
+def run_name(run_path: str, root_name: str) -> tuple[str, str]:
+    """The run of a checkpoint found below `run_path`: its nearest segment that is not a
+    container name (`checkpoints`, `outputs`, ...), else the import root's own last
+    segment. Returns the name normalised, and the segment it came from (kept in the run's
+    label `import_path` when the two differ)."""
+    segments = [s for s in run_path.split("/") if s]
+    original = next((s for s in reversed(segments) if s.lower() not in CONTAINERS), root_name)
+    return normalise(original), original
+
+
+class Recognizer:
+    """Feed it the tree's keys in sorted order (`add`), then call `finish`: each yields
+    what it settled, `Found` checkpoints and `Incomplete` ones. `unrecognized` counts the
+    objects that belong to no checkpoint. `layout` is one of LAYOUTS, or `auto` (each
+    directory by its own name)."""
+
+    def __init__(self, layout: str = AUTO) -> None:
+        if layout != AUTO and layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; one of auto, {', '.join(LAYOUTS)}")
+        self.layout = layout
+        self.unrecognized = 0
+        self._group: _Group | None = None
+        self._skipping: str | None = None  # an orbax temporary directory, reported once
+
+    def add(self, key: str) -> Iterator[Found | Incomplete]:
+        group = self._group
+        segments = key.split("/")
+        where = self._locate(segments)
+        prefix = "/".join(segments[: where[1] + 1]) if where is not None else None
+        # Inside the checkpoint being gathered. A bare number is a guess, though: a deeper
+        # one (`runs/2024/5/`, after a file of `runs/2024/`) is the checkpoint instead.
+        if (
+            group is not None
+            and key.startswith(group.key + "/")
+            and (group.layout != "orbax" or prefix == group.key)
+        ):
+            group.files.append(key[len(group.key) + 1 :])
+            return
+        if self._skipping is not None and key.startswith(self._skipping + "/"):
+            return
+        self._skipping = None
+        yield from self.finish()
+        if where is None or prefix is None:
+            self.unrecognized += 1
+            return
+        layout, _, step = where
+        if layout == "orbax-tmp":
+            self._skipping = prefix
+            yield Incomplete(prefix, "an orbax save that never finished (a temporary directory)")
+        elif layout == "lightning":
+            run_path = "/".join(segments[:-1])
+            yield Found("lightning", key, step, run_path, True, (segments[-1],))
+        else:
+            self._group = _Group(layout, prefix, step, [key[len(prefix) + 1 :]])
+
+    def finish(self) -> Iterator[Found | Incomplete]:
+        """Settle the checkpoint being gathered, if any (the listing ended, or moved on)."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        layout = group.layout
+        markers = _MARKERS.get(layout)
+        if markers is not None and not set(group.files).intersection(markers):
+            if layout == "dcp" and self.layout == AUTO:
+                layout = "generic"  # a step-<N>/ without .metadata
+            elif layout == "orbax" and self.layout == AUTO:
+                self.unrecognized += len(group.files)  # a numbered folder, nothing more
+                return
+            else:
+                yield Incomplete(group.key, _MISSING[layout])
+                return
+        run_path = group.key.rpartition("/")[0]
+        yield Found(layout, group.key, group.step, run_path, False, tuple(sorted(group.files)))
+
+    def _locate(self, segments: list[str]) -> tuple[str, int, int] | None:
+        """(layout, depth of the checkpoint's segment, step) for an object, or None."""
+        wanted = self.layout
+        directories = segments[:-1]
+        for depth, segment in enumerate(directories):
+            if wanted in (AUTO, "orbax") and _ORBAX_TMP.fullmatch(segment):
+                return "orbax-tmp", depth, 0
+            for layout, pattern in _NAMED:
+                found = pattern.fullmatch(segment)
+                if found is None:
+                    continue
+                if wanted in (AUTO, layout):
+                    return layout, depth, int(found.group(1))
+                if wanted == "generic" and layout == "dcp":  # step-<N>/ is generic's too
+                    return "generic", depth, int(found.group(1))
+        name = segments[-1]
+        if wanted in (AUTO, "lightning") and name != "last.ckpt":
+            found = _LIGHTNING.fullmatch(name)
+            if found is not None:
+                return "lightning", len(segments) - 1, int(found.group(1))
+        if wanted in (AUTO, "orbax"):
+            for depth in reversed(range(len(directories))):
+                if _NUMBER.fullmatch(directories[depth]):
+                    return "orbax", depth, int(directories[depth])
+        return None

@@ -1,0 +1,175 @@
+"""Recognising the checkpoints of a tree nobody catalogued (DESIGN section 14), from the
+keys a store lists in sorted order: each layout's checkpoint, its step and run, the
+incomplete ones with their reason, and everything else counted as unrecognised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.domain.layouts import Found, Incomplete, Recognizer, normalise, run_name
+
+
+def recognise(
+    keys: Iterable[str], layout: str = "auto"
+) -> tuple[list[Found], list[Incomplete], int]:
+    recognizer = Recognizer(layout)
+    settled: list[Found | Incomplete] = []
+    for key in sorted(keys):
+        settled.extend(recognizer.add(key))
+    settled.extend(recognizer.finish())
+    found = [s for s in settled if isinstance(s, Found)]
+    incomplete = [s for s in settled if isinstance(s, Incomplete)]
+    return found, incomplete, recognizer.unrecognized
+
+
+def summary(found: list[Found]) -> list[tuple[str, str, int, str]]:
+    return [(f.layout, f.key, f.step, f.run_path) for f in found]
+
+
+def test_each_layout_is_recognised_from_its_own_tree() -> None:
+    keys = [
+        "hf/run-a/checkpoint-500/trainer_state.json",
+        "hf/run-a/checkpoint-500/model.safetensors",
+        "hf/run-a/checkpoint-500/global_step500/mp_rank_00_model_states.pt",  # DeepSpeed inside
+        "pl/run-b/checkpoints/epoch=0-step=100.ckpt",
+        "pl/run-b/checkpoints/last.ckpt",
+        "tt/run-c/checkpoint/step-20/.metadata",
+        "tt/run-c/checkpoint/step-20/__0_0.distcp",
+        "ox/run-d/7/_CHECKPOINT_METADATA",
+        "ox/run-d/7/default/manifest.ocdbt",
+        "ox/run-d/8/commit_success.txt",
+        "mg/run-e/iter_0001000/mp_rank_00/model_optim_rng.pt",
+        "ds/run-f/global_step30/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "gen/run-g/step_4/weights.bin",
+        "gen/run-g/step-5/weights.bin",
+    ]
+    found, incomplete, unrecognized = recognise(keys)
+
+    assert summary(found) == [
+        ("deepspeed", "ds/run-f/global_step30", 30, "ds/run-f"),
+        ("generic", "gen/run-g/step-5", 5, "gen/run-g"),  # step-<N>/ without .metadata
+        ("generic", "gen/run-g/step_4", 4, "gen/run-g"),
+        ("hf", "hf/run-a/checkpoint-500", 500, "hf/run-a"),
+        ("megatron", "mg/run-e/iter_0001000", 1000, "mg/run-e"),
+        ("orbax", "ox/run-d/7", 7, "ox/run-d"),
+        ("orbax", "ox/run-d/8", 8, "ox/run-d"),
+        ("lightning", "pl/run-b/checkpoints/epoch=0-step=100.ckpt", 100, "pl/run-b/checkpoints"),
+        ("dcp", "tt/run-c/checkpoint/step-20", 20, "tt/run-c/checkpoint"),
+    ]
+    hf = next(f for f in found if f.layout == "hf")
+    assert hf.files == (
+        "global_step500/mp_rank_00_model_states.pt",
+        "model.safetensors",
+        "trainer_state.json",
+    )
+    assert next(f for f in found if f.layout == "lightning").single_file
+    assert incomplete == [] and unrecognized == 1  # last.ckpt, an alias
+
+
+def test_incomplete_checkpoints_are_reported_with_their_reason_and_never_found() -> None:
+    keys = [
+        "a/checkpoint-10/model.safetensors",  # no trainer_state.json
+        "a/checkpoint-20/trainer_state.json",
+        "b/3.orbax-checkpoint-tmp-1733/default/d/0a1b",
+        "b/3.orbax-checkpoint-tmp-1733/_CHECKPOINT_METADATA",
+        "b/2/_CHECKPOINT_METADATA",
+    ]
+    found, incomplete, _ = recognise(keys)
+    assert summary(found) == [
+        ("hf", "a/checkpoint-20", 20, "a"),
+        ("orbax", "b/2", 2, "b"),
+    ]
+    assert [(i.key, i.reason) for i in incomplete] == [
+        ("a/checkpoint-10", "no trainer_state.json"),
+        (
+            "b/3.orbax-checkpoint-tmp-1733",
+            "an orbax save that never finished (a temporary directory)",
+        ),
+    ]
+    _, dcp_incomplete, _ = recognise(["x/step-9/__0_0.distcp"], layout="dcp")
+    assert [(i.key, i.reason) for i in dcp_incomplete] == [("x/step-9", "no .metadata")]
+
+
+def test_a_number_above_the_steps_is_not_taken_for_a_checkpoint() -> None:
+    keys = [
+        "runs/2024/.hidden",  # sorts before the steps: the folder is seen first
+        "runs/2024/5/_CHECKPOINT_METADATA",
+        "runs/2024/5/default/manifest.ocdbt",
+        "runs/2024/6/_CHECKPOINT_METADATA",
+        "runs/2024/notes.txt",
+    ]
+    found, incomplete, unrecognized = recognise(keys)
+    assert summary(found) == [
+        ("orbax", "runs/2024/5", 5, "runs/2024"),
+        ("orbax", "runs/2024/6", 6, "runs/2024"),
+    ]
+    assert incomplete == [] and unrecognized == 2
+
+
+def test_an_explicit_layout_recognises_only_its_own() -> None:
+    keys = [
+        "r/checkpoint-1/trainer_state.json",
+        "r/step-2/.metadata",
+        "r/step_3/w.bin",
+        "r/epoch=0-step=4.ckpt",
+    ]
+    assert [f.key for f in recognise(keys, "hf")[0]] == ["r/checkpoint-1"]
+    assert [f.key for f in recognise(keys, "dcp")[0]] == ["r/step-2"]
+    assert [f.key for f in recognise(keys, "generic")[0]] == ["r/step-2", "r/step_3"]
+    assert [f.key for f in recognise(keys, "lightning")[0]] == ["r/epoch=0-step=4.ckpt"]
+    with pytest.raises(ValueError, match="unknown layout"):
+        Recognizer("keras")
+
+
+def test_runs_are_named_from_the_nearest_segment_that_is_not_a_container() -> None:
+    assert run_name("team/Llama 70B/checkpoints", "bucket-root") == ("llama-70b", "Llama 70B")
+    assert run_name("outputs/ckpt", "My_Run") == ("my_run", "My_Run")
+    assert run_name("", "root") == ("root", "root")
+    assert normalise("__Weird//Name!") == "weird--name-"
+    assert normalise("!!!") == "run"
+    assert len(normalise("x" * 200)) == 63
+
+
+steps = st.integers(min_value=0, max_value=10**9)
+files = st.lists(
+    st.text("abcdefghij_.", min_size=1, max_size=8).filter(lambda n: n not in (".", "..")),
+    min_size=1,
+    max_size=4,
+    unique=True,
+)
+
+
+@given(
+    hf=st.dictionaries(steps, files, max_size=4),
+    generic=st.dictionaries(steps, files, max_size=4),
+    lightning=st.sets(steps, max_size=4),
+)
+def test_every_checkpoint_of_a_mixed_tree_is_found_once_with_all_its_files(
+    hf: dict[int, list[str]], generic: dict[int, list[str]], lightning: set[int]
+) -> None:
+    keys = []
+    for step, names in hf.items():
+        keys += [f"run-h/checkpoint-{step}/trainer_state.json"]
+        keys += [f"run-h/checkpoint-{step}/{n}" for n in names if n != "trainer_state.json"]
+    for step, names in generic.items():
+        keys += [f"run-g/step_{step}/{n}" for n in names]
+    keys += [f"run-l/epoch=0-step={step}.ckpt" for step in lightning]
+
+    found, incomplete, unrecognized = recognise(set(keys))
+
+    assert incomplete == [] and unrecognized == 0
+    by_key = {f.key: f for f in found}
+    assert len(by_key) == len(found) == len(hf) + len(generic) + len(lightning)
+    for step, names in hf.items():
+        got = by_key[f"run-h/checkpoint-{step}"]
+        assert (got.layout, got.step) == ("hf", step)
+        assert set(got.files) == set(names) | {"trainer_state.json"}
+    for step, names in generic.items():
+        got = by_key[f"run-g/step_{step}"]
+        assert (got.layout, got.step, set(got.files)) == ("generic", step, set(names))
+    for step in lightning:
+        assert by_key[f"run-l/epoch=0-step={step}.ckpt"].step == step
