@@ -18,9 +18,13 @@ the steps (`runs/2024/5/`) is not taken for one.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 LAYOUTS = ("hf", "lightning", "dcp", "orbax", "megatron", "deepspeed", "generic")
 AUTO = "auto"
@@ -54,17 +58,22 @@ _MISSING = {
 
 
 @dataclass(frozen=True, slots=True)
-class Found:
+class Found(Generic[T]):
     """One checkpoint of the tree. `key` is its directory (or, `single_file`, its file)
     relative to the root; `run_path` the segments above it, which its run is named from;
-    `files` its objects relative to `key` (a single file: its own name)."""
+    `files` its objects relative to `key` (a single file: its own name), sorted, each with
+    what the listing said of it (`add`'s `info`: a size, a time, checksums)."""
 
     layout: str
     key: str
     step: int
     run_path: str
     single_file: bool
-    files: tuple[str, ...]
+    files: tuple[tuple[str, T], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.files)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +85,11 @@ class Incomplete:
 
 
 @dataclass(slots=True)
-class _Group:
+class _Group(Generic[T]):
     layout: str  # as the directory's name says (dcp may still turn generic)
     key: str
     step: int
-    files: list[str] = field(default_factory=list)
+    files: list[tuple[str, T]] = field(default_factory=list)
 
 
 def normalise(name: str) -> str:
@@ -101,8 +110,9 @@ def run_name(run_path: str, root_name: str) -> tuple[str, str]:
     return normalise(original), original
 
 
-class Recognizer:
-    """Feed it the tree's keys in sorted order (`add`), then call `finish`: each yields
+class Recognizer(Generic[T]):
+    """Feed it the tree's keys in sorted order (`add`, each with what the listing said of
+    the object, carried into `Found.files`), then call `finish`: each yields
     what it settled, `Found` checkpoints and `Incomplete` ones. `unrecognized` counts the
     objects that belong to no checkpoint. `layout` is one of LAYOUTS, or `auto` (each
     directory by its own name)."""
@@ -112,10 +122,10 @@ class Recognizer:
             raise ValueError(f"unknown layout {layout!r}; one of auto, {', '.join(LAYOUTS)}")
         self.layout = layout
         self.unrecognized = 0
-        self._group: _Group | None = None
+        self._group: _Group[T] | None = None
         self._skipping: str | None = None  # an orbax temporary directory, reported once
 
-    def add(self, key: str) -> Iterator[Found | Incomplete]:
+    def add(self, key: str, info: T) -> Iterator[Found[T] | Incomplete]:
         group = self._group
         segments = key.split("/")
         where = self._locate(segments)
@@ -127,7 +137,7 @@ class Recognizer:
             and key.startswith(group.key + "/")
             and (group.layout != "orbax" or prefix == group.key)
         ):
-            group.files.append(key[len(group.key) + 1 :])
+            group.files.append((key[len(group.key) + 1 :], info))
             return
         if self._skipping is not None and key.startswith(self._skipping + "/"):
             return
@@ -142,18 +152,18 @@ class Recognizer:
             yield Incomplete(prefix, "an orbax save that never finished (a temporary directory)")
         elif layout == "lightning":
             run_path = "/".join(segments[:-1])
-            yield Found("lightning", key, step, run_path, True, (segments[-1],))
+            yield Found("lightning", key, step, run_path, True, ((segments[-1], info),))
         else:
-            self._group = _Group(layout, prefix, step, [key[len(prefix) + 1 :]])
+            self._group = _Group(layout, prefix, step, [(key[len(prefix) + 1 :], info)])
 
-    def finish(self) -> Iterator[Found | Incomplete]:
+    def finish(self) -> Iterator[Found[T] | Incomplete]:
         """Settle the checkpoint being gathered, if any (the listing ended, or moved on)."""
         group, self._group = self._group, None
         if group is None:
             return
         layout = group.layout
         markers = _MARKERS.get(layout)
-        if markers is not None and not set(group.files).intersection(markers):
+        if markers is not None and not {name for name, _ in group.files}.intersection(markers):
             if layout == "dcp" and self.layout == AUTO:
                 layout = "generic"  # a step-<N>/ without .metadata
             elif layout == "orbax" and self.layout == AUTO:
@@ -163,7 +173,8 @@ class Recognizer:
                 yield Incomplete(group.key, _MISSING[layout])
                 return
         run_path = group.key.rpartition("/")[0]
-        yield Found(layout, group.key, group.step, run_path, False, tuple(sorted(group.files)))
+        files = tuple(sorted(group.files, key=lambda file: file[0]))
+        yield Found(layout, group.key, group.step, run_path, False, files)
 
     def _locate(self, segments: list[str]) -> tuple[str, int, int] | None:
         """(layout, depth of the checkpoint's segment, step) for an object, or None."""
@@ -190,3 +201,25 @@ class Recognizer:
                 if _NUMBER.fullmatch(directories[depth]):
                     return "orbax", depth, int(directories[depth])
         return None
+
+
+def hf_metrics(trainer_state: Mapping[str, Any], step: int) -> dict[str, float]:
+    """A Trainer checkpoint's metrics from its `trainer_state.json`: the last value of each
+    `eval_*` key logged at or before `step` (later entries of a resumed run's history do
+    not count), numbers only."""
+    metrics: dict[str, float] = {}
+    history = trainer_state.get("log_history")
+    if not isinstance(history, list):
+        return metrics
+    for entry in history:
+        if not isinstance(entry, Mapping):
+            continue
+        at = entry.get("step")
+        if not isinstance(at, int) or at > step:
+            continue
+        for name, value in entry.items():
+            if not str(name).startswith("eval_") or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float) and math.isfinite(value):
+                metrics[str(name)] = float(value)
+    return metrics

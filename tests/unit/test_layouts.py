@@ -10,23 +10,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.domain.layouts import Found, Incomplete, Recognizer, normalise, run_name
+from app.domain.layouts import Found, Incomplete, Recognizer, hf_metrics, normalise, run_name
 
 
 def recognise(
     keys: Iterable[str], layout: str = "auto"
-) -> tuple[list[Found], list[Incomplete], int]:
-    recognizer = Recognizer(layout)
-    settled: list[Found | Incomplete] = []
+) -> tuple[list[Found[int]], list[Incomplete], int]:
+    recognizer: Recognizer[int] = Recognizer(layout)
+    settled: list[Found[int] | Incomplete] = []
     for key in sorted(keys):
-        settled.extend(recognizer.add(key))
+        settled.extend(recognizer.add(key, len(key)))  # the "info": what a listing says
     settled.extend(recognizer.finish())
     found = [s for s in settled if isinstance(s, Found)]
     incomplete = [s for s in settled if isinstance(s, Incomplete)]
     return found, incomplete, recognizer.unrecognized
 
 
-def summary(found: list[Found]) -> list[tuple[str, str, int, str]]:
+def summary(found: list[Found[int]]) -> list[tuple[str, str, int, str]]:
     return [(f.layout, f.key, f.step, f.run_path) for f in found]
 
 
@@ -61,7 +61,7 @@ def test_each_layout_is_recognised_from_its_own_tree() -> None:
         ("dcp", "tt/run-c/checkpoint/step-20", 20, "tt/run-c/checkpoint"),
     ]
     hf = next(f for f in found if f.layout == "hf")
-    assert hf.files == (
+    assert hf.names == (
         "global_step500/mp_rank_00_model_states.pt",
         "model.safetensors",
         "trainer_state.json",
@@ -167,9 +167,26 @@ def test_every_checkpoint_of_a_mixed_tree_is_found_once_with_all_its_files(
     for step, names in hf.items():
         got = by_key[f"run-h/checkpoint-{step}"]
         assert (got.layout, got.step) == ("hf", step)
-        assert set(got.files) == set(names) | {"trainer_state.json"}
+        assert set(got.names) == set(names) | {"trainer_state.json"}
+        assert all(info == len(f"{got.key}/{name}") for name, info in got.files)
     for step, names in generic.items():
         got = by_key[f"run-g/step_{step}"]
-        assert (got.layout, got.step, set(got.files)) == ("generic", step, set(names))
+        assert (got.layout, got.step, set(got.names)) == ("generic", step, set(names))
     for step in lightning:
         assert by_key[f"run-l/epoch=0-step={step}.ckpt"].step == step
+
+
+def test_a_trainer_checkpoint_takes_the_last_eval_metrics_logged_at_or_before_its_step() -> None:
+    state = {
+        "log_history": [
+            {"step": 10, "loss": 2.5},
+            {"step": 10, "eval_loss": 2.4, "eval_accuracy": 0.31, "epoch": 1.0},
+            {"step": 20, "eval_loss": 2.1, "eval_runtime": "n/a"},
+            {"step": 30, "eval_loss": 1.9},  # after the checkpoint: a resumed run's future
+            {"step": 20, "eval_flag": True},
+            "garbage",
+        ]
+    }
+    assert hf_metrics(state, 20) == {"eval_loss": 2.1, "eval_accuracy": 0.31}
+    assert hf_metrics(state, 5) == {}
+    assert hf_metrics({"log_history": "none"}, 20) == {}
