@@ -147,10 +147,10 @@ class CatalogCheckpointIO(_WrappingCheckpointIO):
         if again is not None:  # the same step under another name: write it, catalog nothing
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
+        self._raise_refusal()  # an earlier save's, found out since: before this one starts
         save = _Save(step, uri)
         with self._lock:
             self.saves[step] = save
-        self._raise_refusal()  # an earlier save's, found out since
         reserving = self._courier.submit(partial(self._reserve, save, note.cls))
         try:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
