@@ -101,7 +101,7 @@ def undelete(
         why="withdrawn by undelete",
     )
     if checkpoint.committed_at is None:
-        return _reserve_again(session, checkpoint, actor, now, now + reservation_ttl)
+        return reserve_again(session, checkpoint, actor, now, now + reservation_ttl)
     checkpoint.state = "active"
     checkpoint.trashed_at = None
     back: dict[str, Any] = {"state": "active", "protected_until": until}
@@ -117,9 +117,19 @@ def undelete(
     return checkpoint
 
 
-def _reserve_again(
-    session: Session, checkpoint: Checkpoint, actor: str, now: datetime, until: datetime
+def reserve_again(
+    session: Session,
+    checkpoint: Checkpoint,
+    actor: str,
+    now: datetime,
+    until: datetime,
+    *,
+    event: str = "undeleted",
+    reason: str = "a reservation back from the trash",
 ) -> Checkpoint:
+    """A checkpoint that was never committed (trashed, or purged) is `writing` again until
+    `until`, audited as `event`: an undelete's, or a new save's of the same step."""
+    was = checkpoint.state
     checkpoint.state = CheckpointState.WRITING
     checkpoint.trashed_at = None
     checkpoint.reserved_until = until
@@ -130,12 +140,12 @@ def _reserve_again(
             audit.checkpoint_event(
                 checkpoint.id,
                 checkpoint.run_id,
-                "undeleted",
+                event,
                 actor=actor,
                 at=now,
-                before={"state": "trashed", "reserved_until": None},
+                before={"state": was, "reserved_until": None},
                 after={"state": "writing", "reserved_until": until},
-                reason="a reservation back from the trash",
+                reason=reason,
             )
         ],
     )

@@ -12,6 +12,7 @@ rather than something about to lose its bytes.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -19,7 +20,6 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Location
 from app.domain.states import CheckpointState
 from app.domain.tier import Tier, locate
-from app.services.catalog import audit
 from app.services.catalog.checkpoints import (
     DEFAULT_RESERVATION_TTL,
     AbortedStep,
@@ -29,6 +29,7 @@ from app.services.catalog.checkpoints import (
 from app.services.catalog.lookup import get_checkpoint
 from app.services.catalog.overlap import refuse_overlap
 from app.services.lifecycle.ledger import cancel_open
+from app.services.lifecycle.requests import reserve_again
 from app.storage.registry import StorageRegistry
 
 
@@ -46,20 +47,8 @@ def register_or_take_back(
     """register_checkpoint, where the same step and uri of an aborted reservation take the
     reservation back first (see the module's docstring). Returns the checkpoint and whether
     a row was created (never, for one taken back)."""
-    try:
-        return register_checkpoint(
-            session,
-            tiers=tiers,
-            storages=storages,
-            run_id=run_id,
-            reg=reg,
-            actor=actor,
-            now=now,
-            reservation_ttl=reservation_ttl,
-        )
-    except AbortedStep as aborted:
-        take_back(session, aborted.checkpoint_id, tiers, actor, now, now + reservation_ttl)
-    return register_checkpoint(
+    register = functools.partial(
+        register_checkpoint,
         session,
         tiers=tiers,
         storages=storages,
@@ -69,6 +58,11 @@ def register_or_take_back(
         now=now,
         reservation_ttl=reservation_ttl,
     )
+    try:
+        return register()
+    except AbortedStep as aborted:
+        take_back(session, aborted.checkpoint_id, tiers, actor, now, now + reservation_ttl)
+    return register()
 
 
 def take_back(
@@ -81,8 +75,7 @@ def take_back(
 ) -> None:
     """An aborted reservation, trashed or already purged, is `writing` again until `until`."""
     checkpoint = get_checkpoint(session, checkpoint_id, for_update=True)
-    was = checkpoint.state
-    if was == CheckpointState.TRASHED:
+    if checkpoint.state == CheckpointState.TRASHED:
         cancel_open(
             session,
             checkpoint_id,
@@ -105,23 +98,12 @@ def take_back(
                 role="primary",
             )
         )
-    checkpoint.state = CheckpointState.WRITING
-    checkpoint.trashed_at = None
-    checkpoint.reserved_until = until
-    checkpoint.updated_by = actor
-    audit.record_many(
+    reserve_again(
         session,
-        [
-            audit.checkpoint_event(
-                checkpoint.id,
-                checkpoint.run_id,
-                "reserved",
-                actor=actor,
-                at=now,
-                before={"state": was, "reserved_until": None},
-                after={"state": "writing", "reserved_until": until},
-                reason="the step is saved again: its aborted reservation is taken back",
-            )
-        ],
+        checkpoint,
+        actor,
+        now,
+        until,
+        event="reserved",
+        reason="the step is saved again: its aborted reservation is taken back",
     )
-    session.flush()
