@@ -18,6 +18,7 @@ from app.api import (
     checkpoints,
     cost,
     errors,
+    imports,
     lifecycle,
     metrics,
     policies,
@@ -79,6 +80,7 @@ def create_app(
         scheduler=roles.scheduler,
         evaluator=roles.evaluator,
         storages=storages,
+        import_lease=settings.import_lease,
     )
 
     @asynccontextmanager
@@ -113,7 +115,18 @@ def create_app(
     app.state.runtime = runtime
     app.state.storages = storages
     errors.install(app)
-    routers = (runs, checkpoints, lifecycle, policies, tiers, tokens, cost, metrics, reconcile)
+    routers = (
+        runs,
+        checkpoints,
+        lifecycle,
+        policies,
+        tiers,
+        tokens,
+        cost,
+        metrics,
+        reconcile,
+        imports,
+    )
     for module in (*routers, audit):
         app.include_router(module.router)
     app.state.route_templates = route_templates(app.routes)

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     reconcile_interval: Duration = timedelta(hours=24)  # 0s: only on demand
     # how long a `writing` reservation lives without a keepalive (DESIGN section 12)
     reservation_ttl: Duration = timedelta(minutes=30)
+    # how long a running import's claim holds without a renewal: a process that died
+    # mid-import is replaced this long after its last batch (DESIGN section 14)
+    import_lease: Duration = timedelta(seconds=30)
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"

@@ -99,6 +99,10 @@ RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
         ("GET", "/v1/reconcile"): ADMIN,
         ("POST", "/v1/reconcile/orphans/delete"): ADMIN,
         ("GET", "/v1/audit"): ADMIN,
+        # adopting existing trees: an admin's, whatever project they go to
+        ("POST", "/v1/imports"): ADMIN,
+        ("GET", "/v1/imports"): ADMIN,
+        ("GET", "/v1/imports/{import_id}"): ADMIN,
         # operations: Prometheus scrapes with a `read` token for every project
         ("GET", "/metrics"): Rule("read", ProjectFrom.ALL),
     }

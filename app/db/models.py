@@ -251,3 +251,67 @@ class AuditEvent(Base):
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ImportRow(Base):
+    """One adoption of an existing tree (DESIGN section 14). Its counters and `cursor` (the
+    last listed key every count accounts for) are written in the transaction of each
+    batch it registers, so a crashed import resumes where its last batch ended and counts
+    nothing twice. `owner` and `lease_until`: the process running it, and until when that
+    claim holds without a renewal (another process takes over an expired one)."""
+
+    __tablename__ = "imports"
+    __table_args__ = (Index("ix_imports_state_lease_until", "state", "lease_until"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    uri: Mapped[str] = mapped_column(Text)
+    tier: Mapped[str] = mapped_column(NAME)
+    project: Mapped[str] = mapped_column(NAME)
+    layout: Mapped[str] = mapped_column(String(16))
+    run: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    klass: Mapped[str] = mapped_column("class", NAME)
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    listed: Mapped[int] = mapped_column(BigInteger, default=0)
+    discovered: Mapped[int] = mapped_column(BigInteger, default=0)
+    registered: Mapped[int] = mapped_column(BigInteger, default=0)
+    existing: Mapped[int] = mapped_column(BigInteger, default=0)
+    runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    unrecognized: Mapped[int] = mapped_column(BigInteger, default=0)
+    incomplete_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    incomplete: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
+    skipped: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
+    unrecognized_sample: Mapped[list[str]] = mapped_column(JSON, default=list)
+    bytes_registered: Mapped[int] = mapped_column(BigInteger, default=0)
+    cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    sweep_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    owner: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_by: Mapped[str] = mapped_column(ACTOR)
+
+
+class ImportItem(Base):
+    """A checkpoint an import registered (or, dry, would register), in listing order."""
+
+    __tablename__ = "import_items"
+    __table_args__ = (
+        Index("ix_import_items_import_id_id", "import_id", "id"),
+        Index("ix_import_items_import_id_run_step", "import_id", "run", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    import_id: Mapped[str] = mapped_column(ForeignKey("imports.id"))
+    run: Mapped[str] = mapped_column(NAME)
+    step: Mapped[int] = mapped_column(BigInteger)
+    klass: Mapped[str] = mapped_column("class", NAME)
+    uri: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    layout: Mapped[str] = mapped_column(String(16))
+    checkpoint_id: Mapped[str | None] = mapped_column(ID, nullable=True)

@@ -57,6 +57,9 @@ _MISSING = {
 }
 
 
+_Place = tuple[str, int, int]  # layout, depth of the checkpoint's segment, step
+
+
 @dataclass(frozen=True, slots=True)
 class Found(Generic[T]):
     """One checkpoint of the tree. `key` is its directory (or, `single_file`, its file)
@@ -100,13 +103,23 @@ def normalise(name: str) -> str:
     return lowered.lstrip("._-")[:NAME_LIMIT] or "run"
 
 
+def run_segment(run_path: str) -> int | None:
+    """Which segment of `run_path` names the run of a checkpoint found below it: the
+    nearest that is not a container name (`checkpoints`, `outputs`, ...); None when there
+    is none (the import root's own name is the run's)."""
+    segments = run_path.split("/") if run_path else []
+    return next(
+        (i for i in reversed(range(len(segments))) if segments[i].lower() not in CONTAINERS),
+        None,
+    )
+
+
 def run_name(run_path: str, root_name: str) -> tuple[str, str]:
-    """The run of a checkpoint found below `run_path`: its nearest segment that is not a
-    container name (`checkpoints`, `outputs`, ...), else the import root's own last
-    segment. Returns the name normalised, and the segment it came from (kept in the run's
-    label `import_path` when the two differ)."""
-    segments = [s for s in run_path.split("/") if s]
-    original = next((s for s in reversed(segments) if s.lower() not in CONTAINERS), root_name)
+    """The run of a checkpoint found below `run_path` (see run_segment), named after that
+    segment or the import root's last one. Returns the name normalised, and the segment
+    it came from."""
+    at = run_segment(run_path)
+    original = root_name if at is None else run_path.split("/")[at]
     return normalise(original), original
 
 
@@ -117,48 +130,66 @@ class Recognizer(Generic[T]):
     objects that belong to no checkpoint. `layout` is one of LAYOUTS, or `auto` (each
     directory by its own name)."""
 
-    def __init__(self, layout: str = AUTO) -> None:
+    def __init__(self, layout: str = AUTO, *, keep_unrecognized: int = 0) -> None:
         if layout != AUTO and layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; one of auto, {', '.join(LAYOUTS)}")
         self.layout = layout
         self.unrecognized = 0
+        # the first `keep_unrecognized` of those keys (the caller may drain it as it goes)
+        self.unrecognized_keys: list[str] = []
+        self._keep = keep_unrecognized
         self._group: _Group[T] | None = None
         self._skipping: str | None = None  # an orbax temporary directory, reported once
+        self._open_from: str | None = None  # the first key of what is still being gathered
+        self._directory: str | None = None  # the last object's directory, and what it says
+        self._directory_says: tuple[_Place | None, _Place | None] = (None, None)
+
+    @property
+    def open_from(self) -> str | None:
+        """The first key of the checkpoint still being gathered (or skipped), None when
+        every key added so far is settled: what a resumed listing must start before."""
+        return self._open_from
 
     def add(self, key: str, info: T) -> Iterator[Found[T] | Incomplete]:
         group = self._group
-        segments = key.split("/")
-        where = self._locate(segments)
-        prefix = "/".join(segments[: where[1] + 1]) if where is not None else None
-        # Inside the checkpoint being gathered. A bare number is a guess, though: a deeper
-        # one (`runs/2024/5/`, after a file of `runs/2024/`) is the checkpoint instead.
-        if (
-            group is not None
-            and key.startswith(group.key + "/")
-            and (group.layout != "orbax" or prefix == group.key)
-        ):
-            group.files.append((key[len(group.key) + 1 :], info))
-            return
+        # Inside the checkpoint being gathered: the common case, one prefix test. A bare
+        # number is a guess, though: a deeper one (`runs/2024/5/`, after a file of
+        # `runs/2024/`) is the checkpoint instead.
+        if group is not None and key.startswith(group.key + "/"):
+            if group.layout != "orbax":
+                group.files.append((key[len(group.key) + 1 :], info))
+                return
+            segments = key.split("/")
+            where = self._locate(key, segments)
+            if where is not None and "/".join(segments[: where[1] + 1]) == group.key:
+                group.files.append((key[len(group.key) + 1 :], info))
+                return
         if self._skipping is not None and key.startswith(self._skipping + "/"):
             return
-        self._skipping = None
         yield from self.finish()
-        if where is None or prefix is None:
-            self.unrecognized += 1
+        segments = key.split("/")
+        where = self._locate(key, segments)
+        if where is None:
+            self._unrecognized([key])
             return
-        layout, _, step = where
-        if layout == "orbax-tmp":
-            self._skipping = prefix
-            yield Incomplete(prefix, "an orbax save that never finished (a temporary directory)")
+        layout, depth, step = where
+        prefix = "/".join(segments[: depth + 1])
+        if layout == "orbax-tmp":  # reported once the listing has left it
+            self._skipping, self._open_from = prefix, key
         elif layout == "lightning":
             run_path = "/".join(segments[:-1])
             yield Found("lightning", key, step, run_path, True, ((segments[-1], info),))
         else:
             self._group = _Group(layout, prefix, step, [(key[len(prefix) + 1 :], info)])
+            self._open_from = key
 
     def finish(self) -> Iterator[Found[T] | Incomplete]:
         """Settle the checkpoint being gathered, if any (the listing ended, or moved on)."""
         group, self._group = self._group, None
+        skipped, self._skipping = self._skipping, None
+        self._open_from = None
+        if skipped is not None:
+            yield Incomplete(skipped, "an orbax save that never finished (a temporary directory)")
         if group is None:
             return
         layout = group.layout
@@ -167,7 +198,8 @@ class Recognizer(Generic[T]):
             if layout == "dcp" and self.layout == AUTO:
                 layout = "generic"  # a step-<N>/ without .metadata
             elif layout == "orbax" and self.layout == AUTO:
-                self.unrecognized += len(group.files)  # a numbered folder, nothing more
+                # a numbered folder, nothing more
+                self._unrecognized([f"{group.key}/{name}" for name, _ in group.files])
                 return
             else:
                 yield Incomplete(group.key, _MISSING[layout])
@@ -176,31 +208,56 @@ class Recognizer(Generic[T]):
         files = tuple(sorted(group.files, key=lambda file: file[0]))
         yield Found(layout, group.key, group.step, run_path, False, files)
 
-    def _locate(self, segments: list[str]) -> tuple[str, int, int] | None:
-        """(layout, depth of the checkpoint's segment, step) for an object, or None."""
+    def _unrecognized(self, keys: list[str]) -> None:
+        self.unrecognized += len(keys)
+        room = self._keep - len(self.unrecognized_keys)
+        if room > 0:
+            self.unrecognized_keys.extend(keys[:room])
+
+    def _locate(self, key: str, segments: list[str]) -> _Place | None:
+        """(layout, depth of the checkpoint's segment, step) for an object, or None. What
+        the directories say is worked out once per directory: its files come together."""
+        directory = key.rpartition("/")[0]
+        if directory != self._directory:
+            self._directory = directory
+            self._directory_says = self._read_directories(segments[:-1])
+        named, number = self._directory_says
+        if named is not None:
+            return named
+        name = segments[-1]
+        if self.layout in (AUTO, "lightning") and name != "last.ckpt":
+            found = _LIGHTNING.fullmatch(name)
+            if found is not None:
+                return "lightning", len(segments) - 1, int(found.group(1))
+        return number
+
+    def _read_directories(self, directories: list[str]) -> tuple[_Place | None, _Place | None]:
+        """The shallowest directory named like a layout's checkpoint (or an orbax
+        temporary one), and the deepest bare number (orbax's `<N>/`)."""
         wanted = self.layout
-        directories = segments[:-1]
+        named: _Place | None = None
         for depth, segment in enumerate(directories):
             if wanted in (AUTO, "orbax") and _ORBAX_TMP.fullmatch(segment):
-                return "orbax-tmp", depth, 0
+                named = ("orbax-tmp", depth, 0)
+                break
             for layout, pattern in _NAMED:
                 found = pattern.fullmatch(segment)
                 if found is None:
                     continue
                 if wanted in (AUTO, layout):
-                    return layout, depth, int(found.group(1))
-                if wanted == "generic" and layout == "dcp":  # step-<N>/ is generic's too
-                    return "generic", depth, int(found.group(1))
-        name = segments[-1]
-        if wanted in (AUTO, "lightning") and name != "last.ckpt":
-            found = _LIGHTNING.fullmatch(name)
-            if found is not None:
-                return "lightning", len(segments) - 1, int(found.group(1))
+                    named = (layout, depth, int(found.group(1)))
+                elif wanted == "generic" and layout == "dcp":  # step-<N>/ is generic's too
+                    named = ("generic", depth, int(found.group(1)))
+                break
+            if named is not None:
+                break
+        number: _Place | None = None
         if wanted in (AUTO, "orbax"):
             for depth in reversed(range(len(directories))):
                 if _NUMBER.fullmatch(directories[depth]):
-                    return "orbax", depth, int(directories[depth])
-        return None
+                    number = ("orbax", depth, int(directories[depth]))
+                    break
+        return named, number
 
 
 def hf_metrics(trainer_state: Mapping[str, Any], step: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ from app.db.session import session_scope
 from app.domain.access import SCHEDULER_ACTOR
 from app.domain.tier import Tier
 from app.services.catalog.reservations import abort_abandoned
+from app.services.lifecycle.importer import DEFAULT_LEASE, Importer
 from app.services.lifecycle.reconcile import reconcile, turn
 from app.services.lifecycle.sweep import requested_evaluations, run_sweep
 from app.services.lifecycle.trash import enqueue_due_purges
@@ -51,6 +52,7 @@ class Runtime:
         scheduler: bool = True,
         evaluator: bool = True,
         storages: StorageRegistry | None = None,
+        import_lease: timedelta = DEFAULT_LEASE,
     ) -> None:
         self.factory = factory
         # the adapters this process's roles share (the API's routes too, when it serves)
@@ -63,6 +65,11 @@ class Runtime:
             factory, tiers, trash_retention=trash_retention, storages=self.storages
         )
         self.roles = {"worker": worker, "scheduler": scheduler, "evaluator": evaluator}
+        # Imports run in the process that was asked for one; the scheduler takes over the
+        # ones whose process died (a lapsed lease), checking a few times per lease.
+        self.imports = Importer(
+            factory, tiers, self.storages, lease=import_lease, on_sweep=self.wake_workers
+        )
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._evaluate = threading.Event()
@@ -106,6 +113,15 @@ class Runtime:
                 coalesce=True,
                 next_run_time=_now(),
             )
+            scheduler.add_job(
+                self.imports.resume_abandoned,
+                "interval",
+                seconds=max(1.0, self.imports.lease.total_seconds() / 3),
+                id="imports",
+                max_instances=1,
+                coalesce=True,
+                next_run_time=_now(),
+            )
             if self.reconcile_interval > timedelta(0):
                 scheduler.add_job(
                     self.reconcile,
@@ -126,6 +142,7 @@ class Runtime:
             self._cond.notify_all()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
+        self.imports.stop()
         for thread in self._threads:
             thread.join(timeout=30)
 
@@ -195,6 +212,10 @@ class Runtime:
         if aborted:
             log.info("abandoned reservations aborted", extra={"checkpoints": len(aborted)})
         return aborted
+
+    def run_import(self, import_id: str) -> None:
+        """Run an import this process recorded (and claimed) in a thread of its own."""
+        self.imports.start(import_id)
 
     # -- registration-triggered evaluation -------------------------------------------------
 

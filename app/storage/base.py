@@ -7,7 +7,7 @@ missing object succeeds, writing an object again replaces it whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import BinaryIO, Literal, Protocol
@@ -76,6 +76,13 @@ class Storage(Protocol):
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
         """Every object under `prefix/`, keys relative to it, sorted by key. Raises
         ObjectMissing when there is none, UnsafePath when one leads outside the tier."""
+        ...
+
+    def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Every object under `prefix/` (the whole tier for ""), keys relative to it, in
+        key order, as the provider lists them: a page at a time, so a tree of millions of
+        objects streams in bounded memory (an import). `start_after` (relative) resumes
+        a listing after that key. A missing prefix yields nothing."""
         ...
 
     def prefix_exists(self, prefix: str) -> bool: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -61,6 +61,37 @@ class LocalStorage:
                 found.append(ObjectInfo(key=rel, size_bytes=status.st_size, modified=modified))
         found.sort(key=lambda info: info.key)
         return found
+
+    def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        base = self._path(prefix)
+        if base.is_dir():
+            yield from self._walk(str(base), "", start_after)
+
+    def _walk(self, directory: str, relative: str, start_after: str | None) -> Iterator[ObjectInfo]:
+        """One directory in key order: a subdirectory sorts as its name and a `/`, so
+        `a.txt` comes before `a/x` as it does in a bucket's listing. A subdirectory is
+        skipped whole when every key under it lies at or before `start_after`."""
+        with os.scandir(directory) as found:
+            entries = sorted(
+                (entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name, entry)
+                for entry in found
+            )
+        for name, entry in entries:
+            key = relative + name
+            within = start_after is not None and start_after.startswith(key)
+            if start_after is not None and key <= start_after and not within:
+                continue
+            if name.endswith("/"):
+                yield from self._walk(entry.path, key, start_after if within else None)
+                continue
+            if entry.is_symlink():
+                if os.path.isdir(entry.path):
+                    raise UnsafePath(f"directory symlink {key!r} under this tier")
+                if not self._inside(entry.path):
+                    raise UnsafePath(f"{key!r} leads outside the tier")
+            status = entry.stat()
+            modified = datetime.fromtimestamp(status.st_mtime, UTC)
+            yield ObjectInfo(key=key, size_bytes=status.st_size, modified=modified)
 
     def prefix_exists(self, prefix: str) -> bool:
         return self._path(prefix).is_dir()

@@ -75,6 +75,9 @@ SPEC: dict[tuple[str, str], tuple[str | None, str]] = {
     ("GET", "/v1/reconcile"): ("admin", "none"),
     ("POST", "/v1/reconcile/orphans/delete"): ("admin", "none"),
     ("GET", "/v1/audit"): ("admin", "none"),
+    ("POST", "/v1/imports"): ("admin", "none"),
+    ("GET", "/v1/imports"): ("admin", "none"),
+    ("GET", "/v1/imports/{import_id}"): ("admin", "none"),
     ("GET", "/metrics"): ("read", "all"),
 }
 UNDOCUMENTED = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -194,7 +197,13 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
             auth_app, name=f"victim-{side}", scopes=("read",), projects=("*",)
         )
         project_of[side] = project
+        adoption = admin.post(
+            "/v1/imports",
+            json={"uri": _tree(data_dir, project), "project": project, "dry_run": True},
+        )
+        assert adoption.status_code == 202, adoption.text
         params[side] = {
+            "import_id": adoption.json()["id"],
             "run_id": run["id"],
             "checkpoint_id": checkpoint["id"],
             "action_id": action["id"],
@@ -206,6 +215,11 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
 
 
 BodyMaker = Callable[[World, str], Any]
+
+
+def _tree(data_dir: Path, project: str) -> str:
+    return f"file://{(data_dir / 'hot' / project).resolve()}"
+
 
 # Request bodies the routes accept; a route without one is called without a body (an
 # allowed caller may then get a 422, which is still "allowed": not 401 nor 403).
@@ -224,6 +238,11 @@ BODIES: dict[tuple[str, str], BodyMaker] = {
     ("POST", "/v1/checkpoints/{checkpoint_id}/pin"): lambda w, side: {"reason": "matrix"},
     ("POST", "/v1/checkpoints/{checkpoint_id}/restore"): lambda w, side: {"tier": "cold"},
     ("POST", "/v1/plan"): lambda w, side: {"project": w.projects[side]},
+    ("POST", "/v1/imports"): lambda w, side: {
+        "uri": _tree(w.data_dir, w.projects[side]),
+        "project": w.projects[side],
+        "dry_run": True,
+    },
     ("POST", "/v1/sweeps"): lambda w, side: {"project": w.projects[side]},
     ("PUT", "/v1/policies/{name}"): lambda w, side: POLICY,
     ("POST", "/v1/tokens"): lambda w, side: {

@@ -43,7 +43,7 @@ class Listed:
     single_file: bool  # the uri names one object, not a prefix
 
 
-def _entry(path: str, info: ObjectInfo) -> dict[str, Any]:
+def file_entry(path: str, info: ObjectInfo) -> dict[str, Any]:
     return {
         "path": path,
         "size_bytes": info.size_bytes,
@@ -63,7 +63,7 @@ def list_manifest(located: Located, storages: StorageRegistry) -> Listed:
             single = storage.head(located.key)
             if single is None:
                 raise
-            return Listed([_entry(basename(located.key), single)], single_file=True)
+            return Listed([file_entry(basename(located.key), single)], single_file=True)
     except ObjectMissing:
         raise Invalid(f"{located.uri!r} does not exist", field="uri") from None
     except UnsafePath as error:
@@ -72,7 +72,7 @@ def list_manifest(located: Located, storages: StorageRegistry) -> Listed:
         raise Unavailable(f"could not list {located.uri!r}: {error}", field="uri") from None
     if not infos:
         raise Invalid(f"{located.uri!r} holds no files", field="uri")
-    return Listed([_entry(info.key, info) for info in infos], single_file=False)
+    return Listed([file_entry(info.key, info) for info in infos], single_file=False)
 
 
 def basename(key: str) -> str:

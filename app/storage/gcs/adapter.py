@@ -12,7 +12,7 @@ import contextlib
 import functools
 import io
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, TypeVar
 
@@ -56,6 +56,20 @@ def _checksums(blob: storage.Blob) -> dict[str, str]:
 def _is_folder_marker(relative: str, size: int) -> bool:
     """The console's "folders" are empty objects named like `dir/`: not files of a checkpoint."""
     return size == 0 and (relative == "" or relative.endswith("/"))
+
+
+_LIST_FIELDS = "items(name,size,storageClass,crc32c,md5Hash,updated),nextPageToken"
+LIST_PAGE = 1000
+
+
+def _info(blob: storage.Blob, start: str, prefix: str) -> ObjectInfo:
+    return ObjectInfo(
+        key=_safe_relative(blob.name[len(start) :], prefix),
+        size_bytes=int(blob.size),
+        storage_class=blob.storage_class,
+        checksums=_checksums(blob),
+        modified=blob.updated,
+    )
 
 
 def _safe_relative(key: str, prefix: str) -> str:
@@ -143,16 +157,9 @@ class GcsStorage:
 
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
         start = self._dir(prefix)
-        fields = "items(name,size,storageClass,crc32c,md5Hash,updated),nextPageToken"
-        blobs = self._list(prefix, fields)
+        blobs = self._list(prefix, _LIST_FIELDS)
         found = [
-            ObjectInfo(
-                key=_safe_relative(blob.name[len(start) :], prefix),
-                size_bytes=int(blob.size),
-                storage_class=blob.storage_class,
-                checksums=_checksums(blob),
-                modified=blob.updated,
-            )
+            _info(blob, start, prefix)
             for blob in blobs
             if not _is_folder_marker(blob.name[len(start) :], int(blob.size))
         ]
@@ -160,6 +167,34 @@ class GcsStorage:
             raise ObjectMissing(f"nothing under {self._url(start)}")
         found.sort(key=lambda info: info.key)
         return found
+
+    def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """A page per call, each retried on its own: the next one starts at the last name
+        seen (`start_offset` is inclusive, so that name is skipped)."""
+        start = self._dir(prefix)
+        last = start + start_after if start_after else None
+        while True:
+            offset = last
+
+            def page(offset: str | None = offset) -> list[storage.Blob]:
+                return list(
+                    self._client.list_blobs(
+                        self._bucket,
+                        prefix=start,
+                        start_offset=offset,
+                        max_results=LIST_PAGE,
+                        fields=_LIST_FIELDS,
+                        retry=None,
+                    )
+                )
+
+            blobs = [b for b in self._call(f"list {self._url(start)}", page) if b.name != last]
+            for blob in blobs:
+                if not _is_folder_marker(blob.name[len(start) :], int(blob.size)):
+                    yield _info(blob, start, prefix)
+            if not blobs:
+                return
+            last = blobs[-1].name
 
     def prefix_exists(self, prefix: str) -> bool:
         start = self._dir(prefix)

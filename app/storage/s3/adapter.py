@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -99,9 +99,15 @@ class S3Storage(S3Multipart):
         return isinstance(other, S3Storage) and other.endpoint_url == self.endpoint_url
 
     def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+        found = list(self.iter_prefix(prefix))
+        if not found:
+            raise ObjectMissing(f"nothing under {self._url(self._dir(prefix))}")
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         directory = self._dir(prefix)
-        found: list[ObjectInfo] = []
-        for page in self._list_pages(directory):
+        for page in self._list_pages(directory, start_after):
             for entry in page:
                 relative = entry["Key"][len(directory) :]
                 size = entry.get("Size", 0)
@@ -111,19 +117,13 @@ class S3Storage(S3Multipart):
                 if any(part in ("", ".", "..") for part in relative.split("/")):
                     raise UnsafePath(f"{self._url(entry['Key'])} is no safe relative path")
                 etag = str(entry.get("ETag") or "").strip('"')
-                found.append(
-                    ObjectInfo(
-                        key=relative,
-                        size_bytes=size,
-                        storage_class=entry.get("StorageClass") or DEFAULT_CLASS,
-                        checksums={"etag": etag} if etag else {},
-                        modified=entry.get("LastModified"),
-                    )
+                yield ObjectInfo(
+                    key=relative,
+                    size_bytes=size,
+                    storage_class=entry.get("StorageClass") or DEFAULT_CLASS,
+                    checksums={"etag": etag} if etag else {},
+                    modified=entry.get("LastModified"),
                 )
-        if not found:
-            raise ObjectMissing(f"nothing under {self._url(directory)}")
-        found.sort(key=lambda info: info.key)
-        return found
 
     def prefix_exists(self, prefix: str) -> bool:
         directory = self._dir(prefix)

@@ -145,9 +145,14 @@ class S3Calls:
             return None
         return dict(response)
 
-    def _list_pages(self, directory: str) -> Iterator[list[ObjectTypeDef]]:
-        """ListObjectsV2 page by page, each page retried on its own continuation token."""
+    def _list_pages(
+        self, directory: str, start_after: str | None = None
+    ) -> Iterator[list[ObjectTypeDef]]:
+        """ListObjectsV2 page by page, each page retried on its own continuation token;
+        `start_after` (relative to `directory`) starts after that key."""
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": directory, "MaxKeys": LIST_PAGE}
+        if start_after:
+            args["StartAfter"] = directory + start_after
         what = f"ListObjectsV2 {self._url(directory)}"
         while True:
             page = self._request(what, partial(self.client.list_objects_v2, **args))

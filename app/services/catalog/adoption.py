@@ -1,0 +1,420 @@
+"""Registering an adopted tree's checkpoints a batch at a time (DESIGN section 14).
+
+A batch costs a fixed number of statements, whatever its size: one lookup of the runs,
+two of the catalogued locations the batch could meet (equal to or above its uris, and the
+uri range it spans), one of the steps its runs already hold, then one multi-row insert
+each of checkpoints, locations, audit events and import items. That is what lets an
+import register thousands of checkpoints a second where one registration per HTTP call
+pays a round trip each.
+
+The rules are a registration's: a uri already catalogued is `existing` (importing twice
+registers nothing new), one that contains or lies inside another live checkpoint's
+location is skipped and reported, as is a step its run already holds at another uri. A
+dry run applies the same rules, with this import's own items standing in for the
+checkpoints it would have written, so it lists exactly what the real import registers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.orm import Session
+
+from app.db.dialect import byte_range, insert_ignoring_conflicts
+from app.db.models import Checkpoint, ImportItem, Location, Project, Run
+from app.domain.ids import new_id
+from app.domain.states import LIVE_STATES, RunStatus
+from app.domain.tier import Tier
+from app.services.catalog import audit
+from app.services.catalog.overlap import Overlap, ancestors
+from app.services.catalog.run_totals import add_active
+
+LABEL_LIMIT = 256  # a label value's length
+_IN_CHUNK = 900  # bound parameters per IN list (SQLite allows 32,766 in a statement)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A checkpoint found in the tree, ready to register."""
+
+    key: str  # relative to the import's uri: how it is reported
+    run: str  # the run's name, normalised
+    run_uri: str  # where that name came from: the new run's label `import_path`
+    step: int
+    uri: str
+    layout: str
+    files: list[dict[str, Any]]
+    size_bytes: int
+    created_at: datetime
+    metrics: dict[str, float]
+    single_file: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What every batch of one import shares."""
+
+    import_id: str
+    project: str
+    klass: str
+    tier: Tier
+    active: bool  # the runs it creates stay `active` (a training still running)
+    dry_run: bool
+    actor: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    registered: list[Candidate] = field(default_factory=list)
+    existing: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
+    new_runs: int = 0  # runs that got their first checkpoint of this import
+
+
+def _chunks(values: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(values), _IN_CHUNK):
+        yield values[start : start + _IN_CHUNK]
+
+
+def adopt(
+    session: Session, adoption: Adoption, batch: Sequence[Candidate], now: datetime
+) -> Outcome:
+    """Register what `batch` holds that the catalog does not (or, dry, work out what would
+    be), in the session's transaction; the caller commits it with the import's counters."""
+    outcome = Outcome()
+    if not batch:
+        return outcome
+    runs = _runs(session, adoption, batch, now)
+    taken = _live_locations(session, [c.uri for c in batch])
+    held = _held_steps(session, adoption, batch, runs)
+    seen: dict[tuple[str, int], str] = {}
+    ordered = sorted(taken)
+    for candidate in batch:
+        why = _refusal(candidate, taken, ordered, held, seen)
+        if why == "existing":
+            outcome.existing += 1
+        elif why is not None:
+            outcome.skipped.append((candidate.key, why))
+        else:
+            seen[(candidate.run, candidate.step)] = candidate.uri
+            outcome.registered.append(candidate)
+    outcome.new_runs = _count_new_runs(session, adoption, outcome.registered)
+    ids: dict[str, str | None] = {c.uri: None for c in outcome.registered}
+    if not adoption.dry_run and outcome.registered:
+        ids.update(_write(session, adoption, outcome.registered, runs, now))
+    items = [
+        {
+            "import_id": adoption.import_id,
+            "run": c.run,
+            "step": c.step,
+            "class": adoption.klass,
+            "uri": c.uri,
+            "size_bytes": c.size_bytes,
+            "created_at": c.created_at,
+            "layout": c.layout,
+            "checkpoint_id": ids[c.uri],
+        }
+        for c in outcome.registered
+    ]
+    if items:
+        session.execute(insert(cast(Table, ImportItem.__table__)), items)
+    return outcome
+
+
+# --- what is already there ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RunRow:
+    id: str | None  # None: a dry run's run that does not exist yet
+    status: str
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+def _runs(
+    session: Session, adoption: Adoption, batch: Sequence[Candidate], now: datetime
+) -> dict[str, _RunRow]:
+    """The batch's runs by name, created (completed unless the import says `active`)
+    where missing; a dry run creates nothing."""
+    project_id = _project_id(session, adoption, now)
+    names = sorted({c.run for c in batch})
+    found = _select_runs(session, project_id, names)
+    missing = [name for name in names if name not in found]
+    if adoption.dry_run or not missing:
+        return {name: found.get(name, _RunRow(None, "", None, None)) for name in names}
+    status = RunStatus.ACTIVE if adoption.active else RunStatus.COMPLETED
+    rows: list[dict[str, Any]] = []
+    for name in missing:
+        mine = [c for c in batch if c.run == name]
+        rows.append(
+            {
+                "id": new_id("run"),
+                "project_id": project_id,
+                "name": name,
+                "status": status,
+                "labels": {"import_path": mine[0].run_uri[:LABEL_LIMIT]},
+                "policy": None,
+                "resumed_from": None,
+                "started_at": min(c.created_at for c in mine),
+                "ended_at": None if adoption.active else max(c.created_at for c in mine),
+                "created_by": adoption.actor,
+                "updated_by": adoption.actor,
+            }
+        )
+    session.execute(insert_ignoring_conflicts(session, Run), rows)
+    found = _select_runs(session, project_id, names)
+    created = [row for row in rows if found[row["name"]].id == row["id"]]
+    audit.record_many(
+        session,
+        [
+            audit.new_event(
+                actor=adoption.actor,
+                entity="run",
+                entity_id=row["id"],
+                event="created",
+                at=now,
+                run_id=row["id"],
+                after={
+                    "project": adoption.project,
+                    "name": row["name"],
+                    "status": row["status"],
+                    "labels": row["labels"],
+                    "policy": None,
+                },
+                reason=f"adopted by import {adoption.import_id}",
+            )
+            for row in created
+        ],
+    )
+    return found
+
+
+def _project_id(session: Session, adoption: Adoption, now: datetime) -> int | None:
+    if not adoption.dry_run:
+        stmt = insert_ignoring_conflicts(session, Project).values(
+            name=adoption.project, created_at=now
+        )
+        session.execute(stmt)
+    return session.execute(
+        select(Project.id).where(Project.name == adoption.project)
+    ).scalar_one_or_none()
+
+
+def _select_runs(session: Session, project_id: int | None, names: list[str]) -> dict[str, _RunRow]:
+    if project_id is None:
+        return {}
+    found: dict[str, _RunRow] = {}
+    for chunk in _chunks(names):
+        rows = session.execute(
+            select(Run.name, Run.id, Run.status, Run.started_at, Run.ended_at).where(
+                Run.project_id == project_id, Run.name.in_(chunk)
+            )
+        )
+        for name, run_id, status, started, ended in rows:
+            found[name] = _RunRow(run_id, status, started, ended)
+    return found
+
+
+def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
+    """Live checkpoints' locations the batch could meet, uri -> checkpoint: those equal to
+    or above one of `uris`, and those inside the range the batch spans (everything under
+    any of them lies there)."""
+    above = sorted({a for uri in uris for a in ancestors(uri)})
+    live = Checkpoint.state.in_(LIVE_STATES)
+    joined = select(Location.uri, Location.checkpoint_id).join(
+        Checkpoint, Checkpoint.id == Location.checkpoint_id
+    )
+    found: dict[str, str] = {}
+    for chunk in _chunks(above):
+        found.update(
+            (u, c) for u, c in session.execute(joined.where(live, Location.uri.in_(chunk)))
+        )
+    low, high = min(uris), max(uri + "0" for uri in uris)
+    inside = joined.where(live, *byte_range(Location.uri, session, low, high))
+    found.update((u, c) for u, c in session.execute(inside))
+    return found
+
+
+def _held_steps(
+    session: Session, adoption: Adoption, batch: Sequence[Candidate], runs: dict[str, _RunRow]
+) -> dict[tuple[str, int], str]:
+    """(run name, step) -> uri of the steps the batch's runs already hold (and, for a dry
+    run, the steps earlier batches of this import would have registered)."""
+    names = {row.id: name for name, row in runs.items() if row.id is not None}
+    steps = sorted({c.step for c in batch})
+    held: dict[tuple[str, int], str] = {}
+    for step_chunk in _chunks(steps):
+        for run_chunk in _chunks(sorted(names)):
+            rows = session.execute(
+                select(Checkpoint.run_id, Checkpoint.step, Checkpoint.uri).where(
+                    Checkpoint.run_id.in_(run_chunk), Checkpoint.step.in_(step_chunk)
+                )
+            )
+            held.update(((names[run_id], step), uri) for run_id, step, uri in rows)
+        if adoption.dry_run:
+            rows = session.execute(
+                select(ImportItem.run, ImportItem.step, ImportItem.uri).where(
+                    ImportItem.import_id == adoption.import_id,
+                    ImportItem.run.in_(sorted(runs)),
+                    ImportItem.step.in_(step_chunk),
+                )
+            )
+            held.update(((run, step), uri) for run, step, uri in rows)
+    return held
+
+
+def _refusal(
+    candidate: Candidate,
+    taken: dict[str, str],
+    ordered: list[str],
+    held: dict[tuple[str, int], str],
+    seen: dict[tuple[str, int], str],
+) -> str | None:
+    """Why the candidate is not registered (`existing`, or a reason to report), or None."""
+    uri = candidate.uri
+    if uri in taken:
+        return "existing"
+    for above in ancestors(uri)[1:]:
+        if above in taken:
+            return Overlap(taken[above], above).describe(uri)
+    at = bisect.bisect_left(ordered, uri + "/")
+    if at < len(ordered) and ordered[at].startswith(uri + "/"):
+        return Overlap(taken[ordered[at]], ordered[at]).describe(uri)
+    step = (candidate.run, candidate.step)
+    other = held.get(step) or seen.get(step)
+    if other == uri:
+        return "existing"
+    if other is not None:
+        return f"step {candidate.step} of run {candidate.run!r} is already registered at {other!r}"
+    return None
+
+
+def _count_new_runs(session: Session, adoption: Adoption, registered: list[Candidate]) -> int:
+    names = sorted({c.run for c in registered})
+    before: set[str] = set()
+    for chunk in _chunks(names):
+        before.update(
+            session.execute(
+                select(ImportItem.run)
+                .where(ImportItem.import_id == adoption.import_id, ImportItem.run.in_(chunk))
+                .distinct()
+            ).scalars()
+        )
+    return len(set(names) - before)
+
+
+# --- writing --------------------------------------------------------------------------------
+
+
+def _write(
+    session: Session,
+    adoption: Adoption,
+    registered: list[Candidate],
+    runs: dict[str, _RunRow],
+    now: datetime,
+) -> dict[str, str]:
+    """Insert the checkpoints, their locations and audit events, and fold them into their
+    runs' totals and times; returns uri -> checkpoint id of the ones inserted (a step a
+    registration took meanwhile is left to it)."""
+    tier = adoption.tier
+    rows: list[dict[str, Any]] = [
+        {
+            "id": new_id("ckpt"),
+            "run_id": runs[c.run].id,
+            "step": c.step,
+            "class": adoption.klass,
+            "state": "active",
+            "uri": c.uri,
+            "size_bytes": c.size_bytes,
+            "files": c.files,
+            "metrics": c.metrics,
+            "labels": {},
+            "pinned": False,
+            "single_file": c.single_file,
+            "created_at": c.created_at,
+            "registered_at": now,
+            "committed_at": now,
+            "created_by": adoption.actor,
+            "updated_by": adoption.actor,
+        }
+        for c in registered
+    ]
+    table = cast(Table, Checkpoint.__table__)
+    stmt = insert_ignoring_conflicts(session, Checkpoint).returning(table.c.id)
+    inserted = set(session.execute(stmt, rows).scalars())
+    rows = [row for row in rows if row["id"] in inserted]
+    if not rows:
+        return {}
+    session.execute(
+        insert(Location),
+        [
+            {
+                "checkpoint_id": row["id"],
+                "tier": tier.name,
+                "uri": row["uri"],
+                "storage_class": tier.storage_class,
+                "role": "primary",
+            }
+            for row in rows
+        ],
+    )
+    audit.record_many(session, [_registered(adoption, row, now) for row in rows])
+    _fold_into_runs(session, rows, runs)
+    return {row["uri"]: row["id"] for row in rows}
+
+
+def _registered(adoption: Adoption, row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    tier = adoption.tier.name
+    return audit.checkpoint_event(
+        row["id"],
+        row["run_id"],
+        "registered",
+        actor=adoption.actor,
+        at=now,
+        after={
+            "state": "active",
+            "step": row["step"],
+            "class": row["class"],
+            "size_bytes": row["size_bytes"],
+            "tier": tier,
+            "locations": [{"tier": tier, "role": "primary", "uri": row["uri"]}],
+        },
+        reason=f"adopted by import {adoption.import_id}",
+    )
+
+
+def _fold_into_runs(
+    session: Session,
+    rows: list[dict[str, Any]],
+    runs: dict[str, _RunRow],
+) -> None:
+    """Active totals of every run, and an ended run's span stretched over its adopted
+    checkpoints (an active run keeps no end). No evaluation is asked for here: the
+    import evaluates its project once it is whole (app.services.lifecycle.importer)."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_run.setdefault(row["run_id"], []).append(row)
+    names = {row.id: name for name, row in runs.items()}
+    runs_table = cast(Table, Run.__table__)
+    for run_id, mine in by_run.items():
+        add_active(session, run_id, checkpoints=len(mine), size=sum(r["size_bytes"] for r in mine))
+        run = runs[names[run_id]]
+        if run.ended_at is None:
+            continue
+        oldest = min(r["created_at"] for r in mine)
+        newest = max(r["created_at"] for r in mine)
+        values: dict[str, Any] = {}
+        if run.started_at is not None and oldest < run.started_at:
+            values["started_at"] = oldest
+        if newest > run.ended_at:
+            values["ended_at"] = newest
+        if values:
+            session.connection().execute(
+                update(runs_table).where(runs_table.c.id == run_id).values(values)
+            )
