@@ -12,6 +12,7 @@ from app.cli import (
     audit,
     checkpoints,
     cost,
+    imports,
     lifecycle,
     policies,
     reconcile,
@@ -25,7 +26,7 @@ from app.cli.remote import root_options
 cli = typer.Typer(no_args_is_help=True, callback=root_options)
 for commands in (serve, roles, runs, checkpoints, actions, lifecycle, policies, cost, tokens):
     commands.register(cli)
-for commands in (audit, reconcile):
+for commands in (audit, reconcile, imports):
     commands.register(cli)
 
 
