@@ -78,10 +78,11 @@ class LocalStorage:
             )
         for name, entry in entries:
             key = relative + name
-            within = start_after is not None and start_after.startswith(key)
+            subdirectory = name.endswith("/")
+            within = subdirectory and start_after is not None and start_after.startswith(key)
             if start_after is not None and key <= start_after and not within:
                 continue
-            if name.endswith("/"):
+            if subdirectory:
                 yield from self._walk(entry.path, key, start_after if within else None)
                 continue
             if entry.is_symlink():

@@ -236,6 +236,26 @@ class StorageContract:
         assert second.same_service(first) is self.server_side_copy
         assert not first.same_service(LocalStorage(tmp_path / "elsewhere"))
 
+    def test_a_streamed_listing_is_in_key_order_and_resumes_after_any_key(
+        self, make: Factory
+    ) -> None:
+        """What an import relies on: every store lists `a.txt` before `a/x` (bytes order,
+        as a bucket does), and `start_after` any listed key yields exactly the rest."""
+        storage = make()
+        keys = ["t/a.txt", "t/a/x", "t/a/y/z", "t/a-b/c", "t/a0", "t/b/1", "t/b/10", "t/b/2"]
+        for key in keys:
+            put(storage, key, b"k")
+        put(storage, "other/x", b"not under t")
+        listed = [info.key for info in storage.iter_prefix("t")]
+        expected = sorted(k.removeprefix("t/") for k in keys)
+        assert listed == expected
+        for at, key in enumerate(expected):
+            rest = [info.key for info in storage.iter_prefix("t", start_after=key)]
+            assert rest == expected[at + 1 :], key
+        after_a = [k for k in expected if k > "a/"]  # a key that is no object's
+        assert [i.key for i in storage.iter_prefix("t", start_after="a/")] == after_a
+        assert list(storage.iter_prefix("missing")) == []
+
     def test_listings_say_when_each_object_was_written(self, make: Factory) -> None:
         storage = make()
         put(storage, "w/a", b"a")
