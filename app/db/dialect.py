@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, text
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, any_, bindparam, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -60,6 +60,19 @@ def byte_range(column: Any, session: Session, low: str, high: str) -> list[Colum
     if on_postgresql(session):
         return [column.op("~>=~")(low), column.op("~<~")(high)]
     return [column >= low, column < high]
+
+
+def one_of(column: Any, session: Session, values: list[Any]) -> ColumnElement[bool]:
+    """`column IN values` as PostgreSQL plans it best for long lists: one array parameter
+    (`= ANY(...)`), so the statement's text is the same whatever the list's length and
+    the driver parses it once; SQLite takes the IN list."""
+    if on_postgresql(session):
+        found: ColumnElement[bool] = column == any_(
+            bindparam(None, values, type_=postgresql.ARRAY(column.type))
+        )
+        return found
+    within: ColumnElement[bool] = column.in_(values)
+    return within
 
 
 @contextmanager

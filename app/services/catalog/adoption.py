@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
-from app.db.dialect import byte_range, insert_ignoring_conflicts
-from app.db.models import Checkpoint, ImportItem, Location, Project, Run
+from app.db.bulk import bulk_insert
+from app.db.dialect import byte_range, insert_ignoring_conflicts, one_of
+from app.db.models import AuditEvent, Checkpoint, ImportItem, Location, Project, Run
 from app.domain.ids import new_id
 from app.domain.states import LIVE_STATES, RunStatus
 from app.domain.tier import Tier
@@ -121,8 +122,7 @@ def adopt(
         }
         for c in outcome.registered
     ]
-    if items:
-        session.execute(insert(cast(Table, ImportItem.__table__)), items)
+    bulk_insert(session, cast(Table, ImportItem.__table__), items)
     return outcome
 
 
@@ -213,7 +213,7 @@ def _select_runs(session: Session, project_id: int | None, names: list[str]) -> 
     for chunk in _chunks(names):
         rows = session.execute(
             select(Run.name, Run.id, Run.status, Run.started_at, Run.ended_at).where(
-                Run.project_id == project_id, Run.name.in_(chunk)
+                Run.project_id == project_id, one_of(Run.name, session, list(chunk))
             )
         )
         for name, run_id, status, started, ended in rows:
@@ -222,10 +222,12 @@ def _select_runs(session: Session, project_id: int | None, names: list[str]) -> 
 
 
 def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
-    """Live checkpoints' locations the batch could meet, uri -> checkpoint: those equal to
-    or above one of `uris`, and those inside the range the batch spans (everything under
-    any of them lies there)."""
-    above = sorted({a for uri in uris for a in ancestors(uri)})
+    """Live checkpoints' locations the batch could meet, uri -> checkpoint: those above one
+    of `uris` (a few directories: the runs' and theirs), and those inside the range the
+    batch spans, where every uri of the batch, and everything under one, lies. Two index
+    scans whatever the batch's size, and neither needs the statistics of a table that the
+    import itself is filling (a list of a thousand uris made the planner scan it whole)."""
+    above = sorted({a for uri in uris for a in ancestors(uri)[1:]})
     live = Checkpoint.state.in_(LIVE_STATES)
     joined = select(Location.uri, Location.checkpoint_id).join(
         Checkpoint, Checkpoint.id == Location.checkpoint_id
@@ -233,7 +235,10 @@ def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for chunk in _chunks(above):
         found.update(
-            (u, c) for u, c in session.execute(joined.where(live, Location.uri.in_(chunk)))
+            (u, c)
+            for u, c in session.execute(
+                joined.where(live, one_of(Location.uri, session, list(chunk)))
+            )
         )
     low, high = min(uris), max(uri + "0" for uri in uris)
     inside = joined.where(live, *byte_range(Location.uri, session, low, high))
@@ -253,7 +258,8 @@ def _held_steps(
         for run_chunk in _chunks(sorted(names)):
             rows = session.execute(
                 select(Checkpoint.run_id, Checkpoint.step, Checkpoint.uri).where(
-                    Checkpoint.run_id.in_(run_chunk), Checkpoint.step.in_(step_chunk)
+                    one_of(Checkpoint.run_id, session, list(run_chunk)),
+                    one_of(Checkpoint.step, session, list(step_chunk)),
                 )
             )
             held.update(((names[run_id], step), uri) for run_id, step, uri in rows)
@@ -261,8 +267,8 @@ def _held_steps(
             rows = session.execute(
                 select(ImportItem.run, ImportItem.step, ImportItem.uri).where(
                     ImportItem.import_id == adoption.import_id,
-                    ImportItem.run.in_(sorted(runs)),
-                    ImportItem.step.in_(step_chunk),
+                    one_of(ImportItem.run, session, sorted(runs)),
+                    one_of(ImportItem.step, session, list(step_chunk)),
                 )
             )
             held.update(((run, step), uri) for run, step, uri in rows)
@@ -302,7 +308,10 @@ def _count_new_runs(session: Session, adoption: Adoption, registered: list[Candi
         before.update(
             session.execute(
                 select(ImportItem.run)
-                .where(ImportItem.import_id == adoption.import_id, ImportItem.run.in_(chunk))
+                .where(
+                    ImportItem.import_id == adoption.import_id,
+                    one_of(ImportItem.run, session, list(chunk)),
+                )
                 .distinct()
             ).scalars()
         )
@@ -346,13 +355,13 @@ def _write(
         for c in registered
     ]
     table = cast(Table, Checkpoint.__table__)
-    stmt = insert_ignoring_conflicts(session, Checkpoint).returning(table.c.id)
-    inserted = set(session.execute(stmt, rows).scalars())
+    inserted = set(bulk_insert(session, table, rows, ignore_conflicts=True, returning="id"))
     rows = [row for row in rows if row["id"] in inserted]
     if not rows:
         return {}
-    session.execute(
-        insert(Location),
+    bulk_insert(
+        session,
+        cast(Table, Location.__table__),
         [
             {
                 "checkpoint_id": row["id"],
@@ -364,20 +373,27 @@ def _write(
             for row in rows
         ],
     )
-    audit.record_many(session, [_registered(adoption, row, now) for row in rows])
+    events = [_registered(adoption, row, now) for row in rows]
+    bulk_insert(session, cast(Table, AuditEvent.__table__), events)
     _fold_into_runs(session, rows, runs)
     return {row["uri"]: row["id"] for row in rows}
 
 
 def _registered(adoption: Adoption, row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The `registered` audit event of one adopted checkpoint, as a registration writes
+    it; built whole here (its values are plain already) rather than through
+    audit.checkpoint_event, which a thousand times per batch costs more than the insert."""
     tier = adoption.tier.name
-    return audit.checkpoint_event(
-        row["id"],
-        row["run_id"],
-        "registered",
-        actor=adoption.actor,
-        at=now,
-        after={
+    return {
+        "at": now,
+        "actor": adoption.actor,
+        "entity": "checkpoint",
+        "entity_id": row["id"],
+        "event": "registered",
+        "checkpoint_id": row["id"],
+        "run_id": row["run_id"],
+        "before": None,
+        "after": {
             "state": "active",
             "step": row["step"],
             "class": row["class"],
@@ -385,8 +401,8 @@ def _registered(adoption: Adoption, row: dict[str, Any], now: datetime) -> dict[
             "tier": tier,
             "locations": [{"tier": tier, "role": "primary", "uri": row["uri"]}],
         },
-        reason=f"adopted by import {adoption.import_id}",
-    )
+        "reason": f"adopted by import {adoption.import_id}",
+    }
 
 
 def _fold_into_runs(

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -50,6 +51,7 @@ BATCH = 1000  # checkpoints per transaction
 FLUSH_SECONDS = 2.0  # progress is written at least this often while listing
 DEFAULT_LEASE = timedelta(seconds=30)  # CKPT_IMPORT_LEASE
 TRAINER_STATE_LIMIT = 64 * 1024 * 1024  # a trainer_state.json larger than this is not read
+READERS = 16  # trainer_state.json files read at once
 
 
 def _now() -> datetime:
@@ -63,6 +65,7 @@ class _Stretch:
     batch: list[Candidate] = field(default_factory=list)
     incomplete: list[tuple[str, str]] = field(default_factory=list)
     unrecognized_keys: list[str] = field(default_factory=list)
+    reads: list[tuple[int, str, int]] = field(default_factory=list)  # (position, key, step)
     listed: int = 0
     discovered: int = 0
     unrecognized: int = 0
@@ -153,6 +156,16 @@ class Importer:
                 imports.finish(session, import_id, self.owner, now=_now(), error=str(error))
 
     def _list_and_register(self, row: ImportRow) -> None:
+        with (
+            ThreadPoolExecutor(READERS, thread_name_prefix="ckpt-import-read") as pool,
+            ThreadPoolExecutor(1, thread_name_prefix="ckpt-import-write") as writer,
+        ):
+            self._stream(row, pool, writer)
+
+    def _stream(self, row: ImportRow, pool: ThreadPoolExecutor, writer: ThreadPoolExecutor) -> None:
+        """List and recognise in this thread; each batch is written by `writer`, one at a
+        time and in order, while the listing goes on (the database works on its own core
+        meanwhile). At most one batch waits for the one being written."""
         tier = self.tiers.get(row.tier)
         if tier is None:
             raise RuntimeError(f"tier {row.tier!r} is no longer configured")
@@ -176,6 +189,7 @@ class Importer:
         settled, settled_listed = row.cursor, 0  # what the next write may claim as done
         previous: str | None = None
         flushed = time.monotonic()
+        pending: Future[None] | None = None
 
         def write(cursor: str | None, listed: int) -> None:
             nonlocal stretch, flushed
@@ -187,12 +201,21 @@ class Importer:
                 incomplete=stretch.incomplete,
                 unrecognized_keys=stretch.unrecognized_keys if row.dry_run else None,
             )
-            now = _now()
-            with session_scope(self.factory) as session:
-                outcome = adopt(session, adoption, stretch.batch, now)
-                imports.record_progress(
-                    session, row.id, self.owner, progress, outcome, lease=self.lease, now=now
-                )
+            done = stretch
+
+            def commit() -> None:
+                batch = _with_metrics(storage, done.batch, done.reads, pool, tier.is_local)
+                now = _now()
+                with session_scope(self.factory) as session:
+                    outcome = adopt(session, adoption, batch, now)
+                    imports.record_progress(
+                        session, row.id, self.owner, progress, outcome, lease=self.lease, now=now
+                    )
+
+            nonlocal pending
+            if pending is not None:
+                pending.result()  # the one before, in order; its failure stops the import
+            pending = writer.submit(commit)
             stretch = _Stretch(listed=stretch.listed - listed)
             flushed = time.monotonic()
 
@@ -203,6 +226,9 @@ class Importer:
                     stretch.incomplete.append((result.key, result.reason))
                 else:
                     stretch.discovered += 1
+                    if result.layout == "hf" and "trainer_state.json" in dict(result.files):
+                        state = join_key(join_key(root, result.key), "trainer_state.json")
+                        stretch.reads.append((len(stretch.batch), state, result.step))
                     stretch.batch.append(self._candidate(storage, root, naming, result))
             stretch.unrecognized += recognizer.unrecognized - counted
             counted = recognizer.unrecognized
@@ -229,16 +255,14 @@ class Importer:
                 flushed = time.monotonic()
         settle(recognizer.finish())
         write(previous if previous is not None else row.cursor, stretch.listed)
+        assert pending is not None
+        pending.result()
 
     def _candidate(
         self, storage: Storage, root: str, naming: _Naming, found: Found[ObjectInfo]
     ) -> Candidate:
-        key = join_key(root, found.key)
         files = [file_entry(name, info) for name, info in found.files]
         modified = [info.modified for _, info in found.files if info.modified is not None]
-        metrics: dict[str, float] = {}
-        if found.layout == "hf":
-            metrics = _trainer_metrics(storage, key, found)
         run, run_uri = naming.run_of(found.run_path)
         return Candidate(
             key=found.key,
@@ -250,7 +274,7 @@ class Importer:
             files=files,
             size_bytes=sum(int(entry["size_bytes"]) for entry in files),
             created_at=max(modified) if modified else _now(),
-            metrics=metrics,
+            metrics={},  # a Trainer's are read with the rest of its batch (_with_metrics)
             single_file=found.single_file,
         )
 
@@ -301,16 +325,34 @@ def _relative(uri: str, tier: Tier) -> str:
     return uri.rstrip("/")[len(root) :].strip("/")
 
 
-def _trainer_metrics(storage: Storage, key: str, found: Found[ObjectInfo]) -> dict[str, float]:
+def _with_metrics(
+    storage: Storage,
+    batch: list[Candidate],
+    reads: list[tuple[int, str, int]],
+    pool: ThreadPoolExecutor,
+    local: bool,
+) -> list[Candidate]:
+    """The batch with each Trainer checkpoint's metrics. On an object store each
+    `trainer_state.json` is a request, and one after the other they would cost more than
+    the rest of the import: they are read in parallel. A local file is read in less time
+    than a thread switch takes."""
+    if not reads:
+        return batch
+    mapped = map if local else pool.map
+    found = mapped(lambda read: _trainer_metrics(storage, read[1], read[2]), reads)
+    for (position, _, _), metrics in zip(reads, found, strict=True):
+        batch[position].metrics.update(metrics)  # each candidate's own dict, empty until now
+    return batch
+
+
+def _trainer_metrics(storage: Storage, key: str, step: int) -> dict[str, float]:
     """A Trainer checkpoint's eval metrics at its step; none when the file cannot be read
     (the checkpoint is adopted all the same)."""
-    state = dict(found.files).get("trainer_state.json")
-    if state is None or state.size_bytes > TRAINER_STATE_LIMIT:
-        return {}
     try:
-        with storage.open_read(join_key(key, "trainer_state.json")) as reader:
-            parsed = json.loads(reader.read())
+        with storage.open_read(key) as reader:
+            raw = reader.read(TRAINER_STATE_LIMIT + 1)
+        parsed = json.loads(raw) if len(raw) <= TRAINER_STATE_LIMIT else None
     except Exception:  # a torn or foreign file: the metrics are a courtesy
         log.warning("trainer_state.json unreadable", extra={"key": key}, exc_info=True)
         return {}
-    return hf_metrics(parsed, found.step) if isinstance(parsed, dict) else {}
+    return hf_metrics(parsed, step) if isinstance(parsed, dict) else {}

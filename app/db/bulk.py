@@ -1,0 +1,78 @@
+"""Inserting thousands of rows in one statement, on both databases.
+
+SQLAlchemy's many-row insert renders one VALUES group per row: a statement of tens of
+thousands of parameters that psycopg parses again for every batch, which cost more than
+the insert itself when an import registers a thousand checkpoints at a time. On
+PostgreSQL the rows travel instead as one array per column, unnested server-side:
+`INSERT ... SELECT ... FROM unnest(...)`, a short statement with one parameter per
+column, whatever the number of rows. SQLite takes the plain executemany, which it runs
+in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from sqlalchemy import JSON, Table, insert
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.db.dialect import on_postgresql
+
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def bulk_insert(
+    session: Session,
+    table: Table,
+    rows: Sequence[dict[str, Any]],
+    *,
+    ignore_conflicts: bool = False,
+    returning: str | None = None,
+) -> list[Any]:
+    """Insert `rows` (each with the same keys: column names) in the session's
+    transaction. Returns the `returning` column of the rows inserted: with
+    `ignore_conflicts`, a row that breaks a unique constraint is skipped, and left out."""
+    if not rows:
+        return []
+    if not on_postgresql(session):
+        stmt = sqlite.insert(table).on_conflict_do_nothing() if ignore_conflicts else insert(table)
+        if returning is None:
+            session.execute(stmt, list(rows))
+            return []
+        return list(session.execute(stmt.returning(table.c[returning]), list(rows)).scalars())
+    names = list(rows[0])
+    arrays, selected, params = [], [], {}
+    for position, name in enumerate(names):
+        key = f"c{position}"
+        column_type = table.c[name].type
+        values = [row[name] for row in rows]
+        if isinstance(column_type, JSON):  # as text, each element cast back server-side
+            params[key] = [_json(value) for value in values]
+            arrays.append(f"CAST(%({key})b AS TEXT[])")
+            selected.append(f"CAST(u.{key} AS JSON)")
+        else:
+            params[key] = values
+            arrays.append(f"CAST(%({key})b AS {column_type.compile(dialect=_PG)}[])")
+            selected.append(f"u.{key}")
+    columns = ", ".join(f'"{name}"' for name in names)
+    aliases = ", ".join(f"c{i}" for i in range(len(names)))
+    sql = (
+        f'INSERT INTO "{table.name}" ({columns}) SELECT {", ".join(selected)} '
+        f"FROM unnest({', '.join(arrays)}) AS u({aliases})"
+    )
+    if ignore_conflicts:
+        sql += " ON CONFLICT DO NOTHING"
+    if returning is not None:
+        sql += f' RETURNING "{returning}"'
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()] if returning is not None else []
