@@ -104,10 +104,15 @@ def adopt(
         else:
             seen[(candidate.run, candidate.step)] = candidate.uri
             outcome.registered.append(candidate)
-    outcome.new_runs = _count_new_runs(session, adoption, outcome.registered)
     ids: dict[str, str | None] = {c.uri: None for c in outcome.registered}
     if not adoption.dry_run and outcome.registered:
-        ids.update(_write(session, adoption, outcome.registered, runs, now))
+        written = _write(session, adoption, outcome.registered, runs, now)
+        # a step a registration (or another import) took since the lookup is theirs
+        taken_meanwhile = [c for c in outcome.registered if c.uri not in written]
+        outcome.existing += len(taken_meanwhile)
+        outcome.registered = [c for c in outcome.registered if c.uri in written]
+        ids.update(written)
+    outcome.new_runs = _count_new_runs(session, adoption, outcome.registered)
     items = [
         {
             "import_id": adoption.import_id,

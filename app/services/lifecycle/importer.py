@@ -110,7 +110,8 @@ class Importer:
         if self._stop.is_set():
             return  # shutting down: the next process takes it over
         with self._lock:
-            if import_id in self._threads and self._threads[import_id].is_alive():
+            self._threads = {i: t for i, t in self._threads.items() if t.is_alive()}
+            if import_id in self._threads:
                 return
             thread = threading.Thread(
                 target=self.run, args=(import_id,), name=f"ckpt-import-{import_id}", daemon=True
