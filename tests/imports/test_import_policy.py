@@ -42,8 +42,13 @@ def test_adopting_500_old_milestones_holds_the_thinning_for_an_admin(
     assert {a["state"] for a in deletes} == {"held"}
     assert {a["sweep_id"] for a in deletes} == {adopted["sweep_id"]}
     assert {a["rule"] for a in deletes} == {"default/milestones-thin"}
-    states = {c["state"] for c in catalog(client, "research").values()}
-    assert states == {"active"}
+    adopted_tree = catalog(client, "research")
+    assert {c["state"] for c in adopted_tree.values()} == {"active"}
+    # steps come from the numbers, not from the names' order (`checkpoint-100` lists
+    # before `checkpoint-11`): what the thinning keeps is each run's newest five
+    doomed = {a["checkpoint_id"] for a in deletes}
+    kept = {key for key, c in adopted_tree.items() if c["id"] not in doomed}
+    assert kept == {(f"exp-{run}", step) for run in range(5) for step in range(96, 101)}
     assert sum(1 for p in root.rglob("*") if p.is_file()) == len(tree)
 
 
