@@ -190,3 +190,44 @@ def test_a_trainer_checkpoint_takes_the_last_eval_metrics_logged_at_or_before_it
     assert hf_metrics(state, 20) == {"eval_loss": 2.1, "eval_accuracy": 0.31}
     assert hf_metrics(state, 5) == {}
     assert hf_metrics({"log_history": "none"}, 20) == {}
+
+
+segment = st.sampled_from(
+    ["run", "checkpoints", "7", "12", "checkpoint-3", "step-5", "step_9", "iter_0000042",
+     "global_step8", "3.orbax-checkpoint-tmp-1", "x.bin", "trainer_state.json", ".metadata",
+     "_CHECKPOINT_METADATA", "epoch=0-step=4.ckpt", "last.ckpt", "a", "a.txt"]
+)  # fmt: skip
+tree_keys = st.sets(st.lists(segment, min_size=1, max_size=4).map("/".join), max_size=30)
+
+
+@given(keys=tree_keys, data=st.data())
+def test_a_listing_resumed_at_any_settled_key_recognises_the_same_tree(
+    keys: set[str], data: st.DataObject
+) -> None:
+    """What a resumed import relies on: stopped at any key where nothing is still being
+    gathered (`open_from` is None, or opened by the next key), and started afresh after
+    it, the recognizer reports exactly what one pass reports, nothing twice."""
+    ordered = sorted(k for k in keys if not any(o.startswith(k + "/") for o in keys))
+    whole, whole_incomplete, whole_unrecognized = recognise(ordered)
+
+    recognizer: Recognizer[int] = Recognizer()
+    before: list[Found[int] | Incomplete] = []
+    boundaries = [-1]  # resume after this index; -1: from the start
+    results_at: dict[int, int] = {-1: 0}
+    unrecognized_at: dict[int, int] = {-1: 0}
+    for at, key in enumerate(ordered):
+        before.extend(recognizer.add(key, len(key)))
+        settled = at if recognizer.open_from is None else None
+        if recognizer.open_from == key and at > 0:
+            settled = at - 1  # this key opened a checkpoint: all before it is settled
+        if settled is not None:
+            boundaries.append(settled)
+            results_at[settled], unrecognized_at[settled] = len(before), recognizer.unrecognized
+    cut = data.draw(st.sampled_from(boundaries))
+    first = before[: results_at[cut]]
+    rest, rest_incomplete, rest_unrecognized = recognise(ordered[cut + 1 :])
+    found = [r for r in first if isinstance(r, Found)] + rest
+    incomplete = [r for r in first if isinstance(r, Incomplete)] + rest_incomplete
+    assert summary(found) == summary(whole)
+    assert incomplete == whole_incomplete
+    assert unrecognized_at[cut] + rest_unrecognized == whole_unrecognized
