@@ -17,56 +17,28 @@ checkpoints it would have written, so it lists exactly what the real import regi
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
 from app.db.bulk import bulk_insert
-from app.db.dialect import byte_range, insert_ignoring_conflicts, one_of
-from app.db.models import AuditEvent, Checkpoint, ImportItem, Location, Project, Run
+from app.db.dialect import byte_range, one_of
+from app.db.models import AuditEvent, Checkpoint, ImportItem, Location
 from app.domain.ids import new_id
-from app.domain.states import LIVE_STATES, RunStatus
-from app.domain.tier import Tier
-from app.services.catalog import audit
+from app.domain.states import LIVE_STATES
+from app.services.catalog.adopted_runs import (
+    Adoption,
+    Candidate,
+    RunRow,
+    chunks,
+    ensure_runs,
+    fold_into_runs,
+)
 from app.services.catalog.overlap import Overlap, ancestors
-from app.services.catalog.run_totals import add_active
-
-LABEL_LIMIT = 256  # a label value's length
-_IN_CHUNK = 900  # bound parameters per IN list (SQLite allows 32,766 in a statement)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A checkpoint found in the tree, ready to register."""
-
-    key: str  # relative to the import's uri: how it is reported
-    run: str  # the run's name, normalised
-    run_uri: str  # where that name came from: the new run's label `import_path`
-    step: int
-    uri: str
-    layout: str
-    files: list[dict[str, Any]]
-    size_bytes: int
-    created_at: datetime
-    metrics: dict[str, float]
-    single_file: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Adoption:
-    """What every batch of one import shares."""
-
-    import_id: str
-    project: str
-    klass: str
-    tier: Tier
-    active: bool  # the runs it creates stay `active` (a training still running)
-    dry_run: bool
-    actor: str
 
 
 @dataclass(slots=True)
@@ -77,11 +49,6 @@ class Outcome:
     new_runs: int = 0  # runs that got their first checkpoint of this import
 
 
-def _chunks(values: Sequence[Any]) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(values), _IN_CHUNK):
-        yield values[start : start + _IN_CHUNK]
-
-
 def adopt(
     session: Session, adoption: Adoption, batch: Sequence[Candidate], now: datetime
 ) -> Outcome:
@@ -90,7 +57,7 @@ def adopt(
     outcome = Outcome()
     if not batch:
         return outcome
-    runs = _runs(session, adoption, batch, now)
+    runs = ensure_runs(session, adoption, batch, now)
     taken = _live_locations(session, [c.uri for c in batch])
     held = _held_steps(session, adoption, batch, runs)
     seen: dict[tuple[str, int], str] = {}
@@ -134,98 +101,6 @@ def adopt(
 # --- what is already there ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _RunRow:
-    id: str | None  # None: a dry run's run that does not exist yet
-    status: str
-    started_at: datetime | None
-    ended_at: datetime | None
-
-
-def _runs(
-    session: Session, adoption: Adoption, batch: Sequence[Candidate], now: datetime
-) -> dict[str, _RunRow]:
-    """The batch's runs by name, created (completed unless the import says `active`)
-    where missing; a dry run creates nothing."""
-    project_id = _project_id(session, adoption, now)
-    names = sorted({c.run for c in batch})
-    found = _select_runs(session, project_id, names)
-    missing = [name for name in names if name not in found]
-    if adoption.dry_run or not missing:
-        return {name: found.get(name, _RunRow(None, "", None, None)) for name in names}
-    status = RunStatus.ACTIVE if adoption.active else RunStatus.COMPLETED
-    rows: list[dict[str, Any]] = []
-    for name in missing:
-        mine = [c for c in batch if c.run == name]
-        rows.append(
-            {
-                "id": new_id("run"),
-                "project_id": project_id,
-                "name": name,
-                "status": status,
-                "labels": {"import_path": mine[0].run_uri[:LABEL_LIMIT]},
-                "policy": None,
-                "resumed_from": None,
-                "started_at": min(c.created_at for c in mine),
-                "ended_at": None if adoption.active else max(c.created_at for c in mine),
-                "created_by": adoption.actor,
-                "updated_by": adoption.actor,
-            }
-        )
-    session.execute(insert_ignoring_conflicts(session, Run), rows)
-    found = _select_runs(session, project_id, names)
-    created = [row for row in rows if found[row["name"]].id == row["id"]]
-    audit.record_many(
-        session,
-        [
-            audit.new_event(
-                actor=adoption.actor,
-                entity="run",
-                entity_id=row["id"],
-                event="created",
-                at=now,
-                run_id=row["id"],
-                after={
-                    "project": adoption.project,
-                    "name": row["name"],
-                    "status": row["status"],
-                    "labels": row["labels"],
-                    "policy": None,
-                },
-                reason=f"adopted by import {adoption.import_id}",
-            )
-            for row in created
-        ],
-    )
-    return found
-
-
-def _project_id(session: Session, adoption: Adoption, now: datetime) -> int | None:
-    if not adoption.dry_run:
-        stmt = insert_ignoring_conflicts(session, Project).values(
-            name=adoption.project, created_at=now
-        )
-        session.execute(stmt)
-    return session.execute(
-        select(Project.id).where(Project.name == adoption.project)
-    ).scalar_one_or_none()
-
-
-def _select_runs(session: Session, project_id: int | None, names: list[str]) -> dict[str, _RunRow]:
-    if project_id is None:
-        return {}
-    found: dict[str, _RunRow] = {}
-    for chunk in _chunks(names):
-        rows = session.execute(
-            select(Run.name, Run.id, Run.status, Run.started_at, Run.ended_at).where(
-                Run.project_id == project_id, one_of(Run.name, session, list(chunk))
-            )
-        )
-        for name, run_id, status, started, ended in rows:
-            found[name] = _RunRow(run_id, status, started, ended)
-    return found
-
-
 def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
     """Live checkpoints' locations the batch could meet, uri -> checkpoint: those above one
     of `uris` (a few directories: the runs' and theirs), and those inside the range the
@@ -238,7 +113,7 @@ def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
         Checkpoint, Checkpoint.id == Location.checkpoint_id
     )
     found: dict[str, str] = {}
-    for chunk in _chunks(above):
+    for chunk in chunks(above):
         found.update(
             (u, c)
             for u, c in session.execute(
@@ -252,15 +127,15 @@ def _live_locations(session: Session, uris: list[str]) -> dict[str, str]:
 
 
 def _held_steps(
-    session: Session, adoption: Adoption, batch: Sequence[Candidate], runs: dict[str, _RunRow]
+    session: Session, adoption: Adoption, batch: Sequence[Candidate], runs: dict[str, RunRow]
 ) -> dict[tuple[str, int], str]:
     """(run name, step) -> uri of the steps the batch's runs already hold (and, for a dry
     run, the steps earlier batches of this import would have registered)."""
     names = {row.id: name for name, row in runs.items() if row.id is not None}
     steps = sorted({c.step for c in batch})
     held: dict[tuple[str, int], str] = {}
-    for step_chunk in _chunks(steps):
-        for run_chunk in _chunks(sorted(names)):
+    for step_chunk in chunks(steps):
+        for run_chunk in chunks(sorted(names)):
             rows = session.execute(
                 select(Checkpoint.run_id, Checkpoint.step, Checkpoint.uri).where(
                     one_of(Checkpoint.run_id, session, list(run_chunk)),
@@ -309,7 +184,7 @@ def _refusal(
 def _count_new_runs(session: Session, adoption: Adoption, registered: list[Candidate]) -> int:
     names = sorted({c.run for c in registered})
     before: set[str] = set()
-    for chunk in _chunks(names):
+    for chunk in chunks(names):
         before.update(
             session.execute(
                 select(ImportItem.run)
@@ -330,7 +205,7 @@ def _write(
     session: Session,
     adoption: Adoption,
     registered: list[Candidate],
-    runs: dict[str, _RunRow],
+    runs: dict[str, RunRow],
     now: datetime,
 ) -> dict[str, str]:
     """Insert the checkpoints, their locations and audit events, and fold them into their
@@ -380,7 +255,7 @@ def _write(
     )
     events = [_registered(adoption, row, now) for row in rows]
     bulk_insert(session, cast(Table, AuditEvent.__table__), events)
-    _fold_into_runs(session, rows, runs)
+    fold_into_runs(session, rows, runs)
     return {row["uri"]: row["id"] for row in rows}
 
 
@@ -408,34 +283,3 @@ def _registered(adoption: Adoption, row: dict[str, Any], now: datetime) -> dict[
         },
         "reason": f"adopted by import {adoption.import_id}",
     }
-
-
-def _fold_into_runs(
-    session: Session,
-    rows: list[dict[str, Any]],
-    runs: dict[str, _RunRow],
-) -> None:
-    """Active totals of every run, and an ended run's span stretched over its adopted
-    checkpoints (an active run keeps no end). No evaluation is asked for here: the
-    import evaluates its project once it is whole (app.services.lifecycle.importer)."""
-    by_run: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_run.setdefault(row["run_id"], []).append(row)
-    names = {row.id: name for name, row in runs.items()}
-    runs_table = cast(Table, Run.__table__)
-    for run_id, mine in by_run.items():
-        add_active(session, run_id, checkpoints=len(mine), size=sum(r["size_bytes"] for r in mine))
-        run = runs[names[run_id]]
-        if run.ended_at is None:
-            continue
-        oldest = min(r["created_at"] for r in mine)
-        newest = max(r["created_at"] for r in mine)
-        values: dict[str, Any] = {}
-        if run.started_at is not None and oldest < run.started_at:
-            values["started_at"] = oldest
-        if newest > run.ended_at:
-            values["ended_at"] = newest
-        if values:
-            session.connection().execute(
-                update(runs_table).where(runs_table.c.id == run_id).values(values)
-            )

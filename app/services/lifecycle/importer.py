@@ -39,7 +39,8 @@ from app.domain.layouts import (
 )
 from app.domain.tier import Tier
 from app.services.catalog import imports
-from app.services.catalog.adoption import Adoption, Candidate, adopt
+from app.services.catalog.adopted_runs import Adoption, Candidate
+from app.services.catalog.adoption import adopt
 from app.services.catalog.imports import LostLease, Progress
 from app.services.catalog.manifest import file_entry
 from app.services.lifecycle.sweep import run_sweep
