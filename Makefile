@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations clean
+.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports clean
 
 # The service and its client (a distribution of its own, client/), both editable.
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -39,7 +39,7 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench client
 	$(BIN)/ruff check --fix app tests bench client
 
-bench: bench-register bench-sweep bench-transfer bench-client bench-integrations
+bench: bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
@@ -55,6 +55,9 @@ bench-client: $(STAMP)
 
 bench-integrations: $(STAMP)
 	$(BIN)/python bench/integrations.py
+
+bench-imports: $(STAMP)
+	$(BIN)/python bench/imports.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
