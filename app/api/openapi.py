@@ -72,6 +72,8 @@ EXTRA: Mapping[tuple[str, str], tuple[int, ...]] = MappingProxyType(
         ("POST", "/v1/plan"): (404,),  # project, run_id or policy names nothing
         ("POST", "/v1/sweeps"): (404,),
         ("POST", "/v1/forecast"): (404,),  # policy names nothing
+        # nothing stored under the uri; inside a catalogued checkpoint; the store is down
+        ("POST", "/v1/imports"): (404, 409, 503),
     }
 )
 
@@ -153,6 +155,11 @@ def document_inputs(schema: dict[str, Any], tiers: list[Tier]) -> None:
         prefixes = "|".join(re.escape(t.url.rstrip("/") + "/") for t in tiers)
         uri["pattern"] = f"^(?:{prefixes})[^/]"
         uri["description"] = "under one of the tiers' urls"
+    tree = components.get("ImportCreate", {}).get("properties", {}).get("uri")
+    if tree is not None and tiers:
+        roots = "|".join(re.escape(t.url.rstrip("/")) for t in tiers)
+        tree["pattern"] = f"^(?:{roots})(?:/?$|/[^/])"
+        tree["description"] = "one of the tiers' urls, or a path under one"
     for path, item in schema.get("paths", {}).items():
         for operation in item.values():
             for parameter in operation.get("parameters", []):

@@ -152,7 +152,7 @@ def test_layout_class_run_and_active_are_the_callers(
     assert answer["unrecognized"] == 3  # hf's files under a generic-only import
 
 
-def test_a_uri_under_no_tier_is_422_and_a_missing_tree_too(
+def test_a_uri_under_no_tier_is_422_and_a_missing_tree_404(
     client: TestClient, data_dir: Path, tmp_path: Path
 ) -> None:
     outside = client.post("/v1/imports", json={"uri": f"file://{tmp_path}/x", "project": "p"})
@@ -160,7 +160,7 @@ def test_a_uri_under_no_tier_is_422_and_a_missing_tree_too(
     missing = client.post(
         "/v1/imports", json={"uri": f"file://{data_dir}/hot/nothing", "project": "p"}
     )
-    assert_problem(missing, 422, "uri")
+    assert_problem(missing, 404, "uri")
     bad = client.post(
         "/v1/imports",
         json={"uri": f"file://{data_dir}/hot", "project": "p", "layout": "keras"},

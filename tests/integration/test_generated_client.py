@@ -225,6 +225,13 @@ def test_a_generated_client_calls_every_operation(
     assert call("GET", "/v1/audit", 200, run_id=run.id).items
     call("GET", "/metrics", 200)
 
+    tree = f"file://{(data_dir / 'hot').resolve()}"
+    dry = m("ImportCreate", {"uri": tree, "project": "gen", "dry_run": True})
+    adopting = call("POST", "/v1/imports", 202, body=dry)
+    assert adopting.dry_run and adopting.uri == tree
+    assert adopting.id in [i.id for i in call("GET", "/v1/imports", 200).items]
+    assert call("GET", "/v1/imports/{import_id}", 200, import_id=adopting.id).id == adopting.id
+
     grant = {"name": "reader", "scopes": ["read"], "projects": ["gen"]}
     token = call("POST", "/v1/tokens", 201, body=m("TokenCreate", grant))
     assert token.token and token.id in [t.id for t in call("GET", "/v1/tokens", 200).items]

@@ -82,7 +82,7 @@ def create_import(
     except StorageError as error:
         raise Unavailable(f"could not list {located.uri!r}: {error}", field="uri") from None
     if not present:
-        raise Invalid(f"nothing is stored under {located.uri!r}", field="uri")
+        raise NotFound(f"nothing is stored under {located.uri!r}", field="uri")
     row = ImportRow(
         id=new_id("imp"),
         uri=located.uri,
