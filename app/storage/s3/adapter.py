@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -22,7 +22,8 @@ from app.storage.base import (
     UnsafePath,
 )
 from app.storage.limits import MiB
-from app.storage.retry import retrying
+from app.storage.retry import in_this_context, retrying
+from app.storage.s3 import listing
 from app.storage.s3.calls import head_checksums
 from app.storage.s3.client import (
     DEFAULT_CONCURRENCY,
@@ -107,7 +108,18 @@ class S3Storage(S3Multipart):
 
     def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         directory = self._dir(prefix)
-        for page in self._list_pages(directory, start_after):
+        what = f"ListObjectsV2 {self._url(directory)}"
+
+        def list_call(args: dict[str, Any]) -> Mapping[str, Any]:
+            call = partial(self.client.list_objects_v2, Bucket=self.bucket, **args)
+            return self._request(what, call)
+
+        first_after = directory + start_after if start_after else None
+        readers = min(self.concurrency, listing.READERS)
+        pages = listing.ordered_pages(
+            in_this_context(list_call), directory, first_after, readers=readers
+        )
+        for page in pages:
             for entry in page:
                 relative = entry["Key"][len(directory) :]
                 size = entry.get("Size", 0)
