@@ -96,6 +96,12 @@ class Storage(Protocol):
         first, ObjectMissing when it does not exist."""
         ...
 
+    def read_small(self, key: str, limit: int) -> bytes:
+        """The whole of a small object (a Trainer's state), in one request where the
+        provider allows. Raises PermanentError when it holds more than `limit` bytes,
+        ObjectMissing when it does not exist."""
+        ...
+
     # -- writing ---------------------------------------------------------------------------
 
     def upload(
@@ -151,6 +157,15 @@ def is_permanent(error: BaseException) -> bool:
     if isinstance(error, StorageError):
         return isinstance(error, PermanentError)
     return isinstance(error, _PERMANENT_OS_ERRORS)
+
+
+def read_whole(reader: BinaryIO, limit: int, what: str) -> bytes:
+    """`read_small` from a stream: at most `limit` bytes, refused beyond."""
+    with reader:
+        data = reader.read(limit + 1)
+    if len(data) > limit:
+        raise PermanentError(f"{what}: more than the {limit} bytes read whole")
+    return data
 
 
 def join_key(prefix: str, relative: str) -> str:

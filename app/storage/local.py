@@ -18,6 +18,7 @@ from app.storage.base import (
     Storage,
     StorageError,
     UnsafePath,
+    read_whole,
 )
 
 CHUNK = 8 * 1024 * 1024
@@ -111,6 +112,9 @@ class LocalStorage:
             return open(path, "rb")
         except FileNotFoundError:
             raise ObjectMissing(f"{key!r} does not exist") from None
+
+    def read_small(self, key: str, limit: int) -> bytes:
+        return read_whole(self.open_read(key), limit, f"{key!r}")
 
     # -- writing ---------------------------------------------------------------------------
 

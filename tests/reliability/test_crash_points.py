@@ -34,6 +34,7 @@ STORAGE_READS = {
     "prefix_exists",
     "head",
     "open_read",
+    "read_small",
     "restore_state",
 }
 STORAGE_CHANGES = {

@@ -18,7 +18,14 @@ from typing import ClassVar
 import google_crc32c
 import pytest
 
-from app.storage.base import ArchivedObject, ObjectMissing, Storage, StorageError, UnsafePath
+from app.storage.base import (
+    ArchivedObject,
+    ObjectMissing,
+    PermanentError,
+    Storage,
+    StorageError,
+    UnsafePath,
+)
 from app.storage.local import LocalStorage
 from app.storage.transfer import bytes_through, copy_files, verify_files
 
@@ -255,6 +262,18 @@ class StorageContract:
         after_a = [k for k in expected if k > "a/"]  # a key that is no object's
         assert [i.key for i in storage.iter_prefix("t", start_after="a/")] == after_a
         assert list(storage.iter_prefix("missing")) == []
+
+    def test_a_small_object_is_read_whole_and_a_larger_one_refused(self, make: Factory) -> None:
+        """What an import reads a Trainer's state with, on every store."""
+        storage = make()
+        state = b'{"log_history": [{"step": 5, "eval_loss": 0.25}]}'
+        put(storage, "s/checkpoint-5/trainer_state.json", state)
+        assert storage.read_small("s/checkpoint-5/trainer_state.json", len(state)) == state
+        assert storage.read_small("s/checkpoint-5/trainer_state.json", 1 << 20) == state
+        with pytest.raises(PermanentError, match="more than"):
+            storage.read_small("s/checkpoint-5/trainer_state.json", len(state) - 1)
+        with pytest.raises(ObjectMissing):
+            storage.read_small("s/checkpoint-6/trainer_state.json", 1 << 20)
 
     def test_listings_say_when_each_object_was_written(self, make: Factory) -> None:
         storage = make()

@@ -361,10 +361,8 @@ def _trainer_metrics(storage: Storage, key: str, step: int) -> dict[str, float]:
     """A Trainer checkpoint's eval metrics at its step; none when the file cannot be read
     (the checkpoint is adopted all the same)."""
     try:
-        with storage.open_read(key) as reader:
-            raw = reader.read(TRAINER_STATE_LIMIT + 1)
-        parsed = json.loads(raw) if len(raw) <= TRAINER_STATE_LIMIT else None
-    except Exception:  # a torn or foreign file: the metrics are a courtesy
+        parsed = json.loads(storage.read_small(key, TRAINER_STATE_LIMIT))
+    except Exception:  # a torn, foreign or oversized file: the metrics are a courtesy
         log.warning("trainer_state.json unreadable", extra={"key": key}, exc_info=True)
         return {}
     return hf_metrics(parsed, step) if isinstance(parsed, dict) else {}

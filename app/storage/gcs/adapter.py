@@ -30,6 +30,7 @@ from app.storage.base import (
     TransientError,
     UnsafePath,
     join_key,
+    read_whole,
 )
 from app.storage.gcs.client import shared_client
 from app.storage.gcs.errors import PROVIDER_ERRORS, BatchUnsupported, translate
@@ -217,6 +218,9 @@ class GcsStorage:
             storage_class=blob.storage_class,
             checksums=_checksums(blob),
         )
+
+    def read_small(self, key: str, limit: int) -> bytes:
+        return read_whole(self.open_read(key), limit, f"read {self._url(self._name(key))}")
 
     def open_read(self, key: str) -> BinaryIO:
         name = self._name(key)

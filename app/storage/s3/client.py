@@ -84,6 +84,13 @@ def new_client(endpoint_url: str | None, config: Config) -> S3Client:
         return _session().client("s3", endpoint_url=endpoint_url, config=config)
 
 
+def shared_session() -> boto3.session.Session:
+    """The session every client is built from (its credentials and region), for the few
+    requests sent through another library (small_reads)."""
+    with _session_lock:
+        return _session()
+
+
 def normal_endpoint(url: str | None) -> str | None:
     """An endpoint as adapters compare them (same_service): no trailing slash."""
     return url.rstrip("/") if url else None
