@@ -14,6 +14,7 @@ from app.domain.tier import real_root
 from app.storage.base import (
     ObjectInfo,
     ObjectMissing,
+    PermanentError,
     RestoreState,
     Storage,
     StorageError,
@@ -114,7 +115,13 @@ class LocalStorage:
             raise ObjectMissing(f"{key!r} does not exist") from None
 
     def read_small(self, key: str, limit: int) -> bytes:
-        return read_whole(self.open_read(key), limit, f"{key!r}")
+        """Sized first: reading `limit` + 1 bytes of a small file would have Python set
+        aside the whole `limit` (an import's 64 MiB) for each of thousands of reads."""
+        with self.open_read(key) as reader:
+            size = os.fstat(reader.fileno()).st_size
+            if size > limit:
+                raise PermanentError(f"{key!r}: more than the {limit} bytes read whole")
+            return read_whole(reader, size, f"{key!r}")
 
     # -- writing ---------------------------------------------------------------------------
 
