@@ -13,7 +13,9 @@ seconds, then the connection closes: a client reading with a shorter timeout tim
 "truncate" (the request is forwarded and its answer stops halfway through the body, then
 the connection closes) and "delete-errors" (S3 only: a DeleteObjects is forwarded, then
 answered 200 with its first key reported as not deleted, error code `code`, as S3 does
-when one key of a batch fails). Only "truncate" and "delete-errors" reach the server.
+when one key of a batch fails), and "error-200" (S3 only: 200 with an `<Error>` body, as S3
+answers a copy that fails after it began). Only "truncate" and "delete-errors" reach the
+server.
 
 The dialect shapes the errors as the provider would (S3's XML or GCS's JSON) and, for GCS,
 sends the upstream's own Host (S3 keeps the client's: it is signed) and never fails bucket
@@ -41,7 +43,14 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 FaultKind = Literal[
-    "slowdown", "internal", "throttle", "reset", "timeout", "truncate", "delete-errors"
+    "slowdown",
+    "internal",
+    "throttle",
+    "reset",
+    "timeout",
+    "truncate",
+    "delete-errors",
+    "error-200",
 ]
 Dialect = Literal["s3", "gcs"]
 # What a provider does to a client now and then; "delete-errors" is an S3 answer, not noise.
@@ -256,6 +265,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault.kind == "delete-errors":
             self._forward(body, answer=False)
             self._delete_errors(body, fault.code)
+        elif fault.kind == "error-200":
+            code, message = _ERRORS["internal"][1:]
+            xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            self._answer(200, xml.encode(), content_type="application/xml")
         else:
             self._error(*_ERRORS[fault.kind])
 
