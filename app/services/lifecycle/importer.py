@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -66,11 +67,9 @@ class _Stretch:
     batch: list[Candidate] = field(default_factory=list)
     incomplete: list[tuple[str, str]] = field(default_factory=list)
     unrecognized_keys: list[str] = field(default_factory=list)
-    # Trainer states to read: (position in batch, key, step), or on an object store the
-    # read already under way
-    reads: list[tuple[int, str, int] | tuple[int, Future[dict[str, float]]]] = field(
-        default_factory=list
-    )
+    # Trainer checkpoints' metrics, by position in the batch: a read to make, or on an
+    # object store the result of one already under way
+    reads: list[tuple[int, Callable[[], dict[str, float]]]] = field(default_factory=list)
     listed: int = 0
     discovered: int = 0
     unrecognized: int = 0
@@ -210,7 +209,7 @@ class Importer:
             done = stretch
 
             def commit() -> None:
-                batch = _with_metrics(storage, done.batch, done.reads)
+                batch = _with_metrics(done.batch, done.reads)
                 now = _now()
                 with session_scope(self.factory) as session:
                     outcome = adopt(session, adoption, batch, now)
@@ -234,12 +233,11 @@ class Importer:
                     stretch.discovered += 1
                     if result.layout == "hf" and "trainer_state.json" in dict(result.files):
                         state = join_key(join_key(root, result.key), "trainer_state.json")
-                        at = len(stretch.batch)
-                        if tier.is_local:
-                            stretch.reads.append((at, state, result.step))
-                        else:  # read while the listing goes on
-                            read = pool.submit(_trainer_metrics, storage, state, result.step)
-                            stretch.reads.append((at, read))
+                        read: Callable[[], dict[str, float]]
+                        read = partial(_trainer_metrics, storage, state, result.step)
+                        if not tier.is_local:  # read while the listing goes on
+                            read = pool.submit(read).result
+                        stretch.reads.append((len(stretch.batch), read))
                     stretch.batch.append(self._candidate(storage, root, naming, result))
             stretch.unrecognized += recognizer.unrecognized - counted
             counted = recognizer.unrecognized
@@ -337,23 +335,15 @@ def _relative(uri: str, tier: Tier) -> str:
 
 
 def _with_metrics(
-    storage: Storage,
-    batch: list[Candidate],
-    reads: list[tuple[int, str, int] | tuple[int, Future[dict[str, float]]]],
+    batch: list[Candidate], reads: list[tuple[int, Callable[[], dict[str, float]]]]
 ) -> list[Candidate]:
     """The batch with each Trainer checkpoint's metrics. On an object store each
     `trainer_state.json` is a request, and one after the other they would cost more than
     the rest of the import: they were sent to the readers as each checkpoint was found,
     and are collected here. A local file is read in less time than a thread switch takes,
     so it is read now."""
-    for read in reads:
-        if len(read) == 2:
-            position, future = read
-            metrics = future.result()
-        else:
-            position, key, step = read
-            metrics = _trainer_metrics(storage, key, step)
-        batch[position].metrics.update(metrics)  # each candidate's own dict, empty until now
+    for position, metrics in reads:
+        batch[position].metrics.update(metrics())  # each candidate's own dict, empty until now
     return batch
 
 

@@ -41,7 +41,8 @@ Entry = Mapping[str, Any]  # one object of a page, as botocore parses it
 # ListObjectsV2's arguments (Bucket aside) -> its answer; retried by the caller
 ListCall = Callable[[dict[str, Any]], Mapping[str, Any]]
 
-_END = object()
+_END = object()  # a reader's last word on its prefix
+_WHOLE = object()  # a prefix planned to be listed whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +106,6 @@ def plan(list_call: ListCall, directory: str, after: str | None) -> list[Part]:
             expanded += sorted(level, key=lambda item: item[0])
         items = expanded
     return _parts(items, after)
-
-
-_WHOLE = object()
 
 
 def _before(prefix: str, after: str | None) -> bool:
