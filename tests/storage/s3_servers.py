@@ -131,6 +131,13 @@ def rclone_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     yield from _serve(command, base / "rclone.log")
 
 
+@pytest.fixture(params=["moto", "rclone"])
+def either_s3(request: pytest.FixtureRequest) -> S3Endpoint:
+    """Each S3 server in turn."""
+    endpoint: S3Endpoint = request.getfixturevalue(f"{request.param}_s3")
+    return endpoint
+
+
 @functools.cache
 def s3_client(endpoint: S3Endpoint) -> S3Client:
     """A plain client for arranging a test's objects, independent of the code under test."""

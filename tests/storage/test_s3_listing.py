@@ -18,9 +18,7 @@ from app.storage.s3 import S3Storage
 from app.storage.s3 import listing as s3_listing
 from tests.storage.s3_servers import (
     S3Endpoint,
-    moto_s3,  # noqa: F401 (a fixture)
     new_bucket,
-    rclone_s3,  # noqa: F401 (a fixture)
     s3_client,
 )
 from tests.storage.test_s3 import Calls
@@ -50,13 +48,6 @@ TREE = [
 ]
 
 
-@pytest.fixture(params=["moto", "rclone"])
-def endpoint(request: pytest.FixtureRequest) -> S3Endpoint:
-    fixture = "moto_s3" if request.param == "moto" else "rclone_s3"
-    endpoint: S3Endpoint = request.getfixturevalue(fixture)
-    return endpoint
-
-
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3_listing, "LIST_PAGE", 3)
@@ -82,8 +73,8 @@ def s3_list_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.usefixtures("small_pages")
-def test_a_cut_listing_is_one_listing_in_key_order(endpoint: S3Endpoint) -> None:
-    storage, _ = arrange(endpoint, TREE)
+def test_a_cut_listing_is_one_listing_in_key_order(either_s3: S3Endpoint) -> None:
+    storage, _ = arrange(either_s3, TREE)
     calls = Calls(storage, "ListObjectsV2")
     senders: set[str] = set()
     storage.client.meta.events.register(
@@ -101,9 +92,9 @@ def test_a_cut_listing_is_one_listing_in_key_order(endpoint: S3Endpoint) -> None
 
 
 @pytest.mark.usefixtures("small_pages")
-def test_a_cut_listing_resumes_after_any_key(endpoint: S3Endpoint) -> None:
+def test_a_cut_listing_resumes_after_any_key(either_s3: S3Endpoint) -> None:
     """After every listed key, and after keys that are no object's (a prefix, a gap)."""
-    storage, _ = arrange(endpoint, TREE)
+    storage, _ = arrange(either_s3, TREE)
     expected = sorted(TREE)
     for at, key in enumerate(expected):
         assert listed(storage, key) == expected[at + 1 :], key
@@ -113,7 +104,7 @@ def test_a_cut_listing_resumes_after_any_key(endpoint: S3Endpoint) -> None:
 
 @pytest.mark.usefixtures("small_pages")
 def test_a_level_too_wide_for_one_request_is_listed_whole(
-    moto_s3: S3Endpoint,  # noqa: F811
+    moto_s3: S3Endpoint,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(s3_listing, "LEVEL_PAGE", 2)  # the tree's root holds six entries
@@ -123,7 +114,7 @@ def test_a_level_too_wide_for_one_request_is_listed_whole(
 
 
 @pytest.mark.usefixtures("small_pages")
-def test_a_caller_that_stops_early_leaves_no_reader_behind(moto_s3: S3Endpoint) -> None:  # noqa: F811
+def test_a_caller_that_stops_early_leaves_no_reader_behind(moto_s3: S3Endpoint) -> None:
     storage, _ = arrange(moto_s3, TREE)
     pages: Generator[str, None, None] = (info.key for info in storage.iter_prefix("t"))
     taken = [next(pages) for _ in range(8)]
@@ -133,7 +124,7 @@ def test_a_caller_that_stops_early_leaves_no_reader_behind(moto_s3: S3Endpoint) 
 
 
 @pytest.mark.usefixtures("small_pages")
-def test_a_failing_prefix_fails_the_listing_when_reached(moto_s3: S3Endpoint) -> None:  # noqa: F811
+def test_a_failing_prefix_fails_the_listing_when_reached(moto_s3: S3Endpoint) -> None:
     """A reader's error surfaces in order, after everything listed before its prefix."""
     storage, raw = arrange(moto_s3, TREE)
     seen: list[str] = []
@@ -168,7 +159,7 @@ keys = st.lists(
 @given(tree=keys, data=st.data())
 @pytest.mark.usefixtures("small_pages")
 def test_any_tree_lists_in_key_order_and_resumes(
-    moto_s3: S3Endpoint,  # noqa: F811
+    moto_s3: S3Endpoint,
     tree: list[str],
     data: st.DataObject,
 ) -> None:

@@ -20,9 +20,7 @@ from tests.storage.faulty_proxy import FaultyProxy
 from tests.storage.s3_servers import (
     S3Endpoint,
     dummy_credentials,
-    moto_s3,  # noqa: F401 (a fixture)
     new_bucket,
-    rclone_s3,  # noqa: F401 (a fixture)
     s3_client,
 )
 
@@ -54,13 +52,6 @@ ARGUMENTS: list[dict[str, Any]] = [
 ]
 
 
-@pytest.fixture(params=["moto", "rclone"])
-def endpoint(request: pytest.FixtureRequest) -> S3Endpoint:
-    fixture = "moto_s3" if request.param == "moto" else "rclone_s3"
-    endpoint: S3Endpoint = request.getfixturevalue(fixture)
-    return endpoint
-
-
 def plain_client(endpoint: S3Endpoint) -> S3Client:
     """boto3 as it comes: a session of its own, botocore's parser."""
     dummy_credentials()
@@ -74,14 +65,14 @@ def answer(client: S3Client, bucket: str, arguments: dict[str, Any]) -> dict[str
     return found
 
 
-def test_every_listing_parses_to_what_botocore_gives(endpoint: S3Endpoint) -> None:
-    bucket = new_bucket(endpoint)
-    raw = s3_client(endpoint)
+def test_every_listing_parses_to_what_botocore_gives(either_s3: S3Endpoint) -> None:
+    bucket = new_bucket(either_s3)
+    raw = s3_client(either_s3)
     for key in KEYS:
         raw.put_object(Bucket=bucket, Key=key, Body=b"" if key.endswith("/") else key.encode())
     raw.put_object(Bucket=bucket, Key="deep/sum", Body=b"summed", ChecksumAlgorithm="CRC32")
-    ours = S3Storage(bucket, endpoint_url=endpoint.url).client
-    plain = plain_client(endpoint)
+    ours = S3Storage(bucket, endpoint_url=either_s3.url).client
+    plain = plain_client(either_s3)
     for arguments in ARGUMENTS:
         assert answer(ours, bucket, arguments) == answer(plain, bucket, arguments), arguments
     token = answer(ours, bucket, {"MaxKeys": 2})["NextContinuationToken"]
@@ -95,7 +86,7 @@ def instant_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def proxied(moto_s3: S3Endpoint) -> Iterator[tuple[FaultyProxy, S3Storage]]:  # noqa: F811
+def proxied(moto_s3: S3Endpoint) -> Iterator[tuple[FaultyProxy, S3Storage]]:
     bucket = new_bucket(moto_s3)
     raw = s3_client(moto_s3)
     for key in ("t/a", "t/b/c", "t/d"):
