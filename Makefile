@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports clean
+.PHONY: run test screenshots soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports clean
 
 # The service and its client (a distribution of its own, client/), both editable.
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -19,7 +19,13 @@ run: $(STAMP)
 
 # The training frameworks' environment is built once per machine, outside the clone.
 test: $(STAMP)
+	bash tests/console/chromium.sh
 	CKPT_FRAMEWORKS_PYTHON="$$(bash tests/frameworks/env.sh)" $(BIN)/pytest -n 2 --dist loadfile
+
+# The console's pictures in docs/console/, taken by its browser tests (on SQLite).
+screenshots: $(STAMP)
+	bash tests/console/chromium.sh
+	CKPT_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -p no:xdist tests/console/test_screenshots.py -k sqlite
 
 # Two schedulers and four workers on PostgreSQL over 50,000 actions (`make test` runs 10,000).
 soak: $(STAMP)

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
+from app import console
 from app.api import (
     audit,
     checkpoints,
@@ -127,7 +128,7 @@ def create_app(
         reconcile,
         imports,
     )
-    for module in (*routers, audit):
+    for module in (*routers, audit, console):
         app.include_router(module.router)
     app.state.route_templates = route_templates(app.routes)
     app.state.query_parameters = query_parameters(app.routes)

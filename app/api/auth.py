@@ -54,6 +54,11 @@ READ = Rule("read")
 RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
     {
         ("GET", "/healthz"): OPEN,
+        # the console's pages and assets: what they show is what the caller's token reads
+        ("GET", "/"): OPEN,
+        ("GET", "/console"): OPEN,
+        ("GET", "/console/"): OPEN,
+        ("GET", "/console/{asset:path}"): OPEN,
         # runs and checkpoints: what a training job does with a `register` token
         ("POST", "/v1/runs"): Rule("register", ProjectFrom.BODY),
         ("GET", "/v1/runs"): Rule("read", ProjectFrom.LISTED),

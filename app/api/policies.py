@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, status
+from fastapi import APIRouter, Depends, Path, Query, Request, status
 
 from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import PolicyRead
@@ -92,9 +92,19 @@ def put_policy(
     tiers: TiersDep,
     principal: PrincipalDep,
     now: NowDep,
+    dry_run: Annotated[
+        bool,
+        Query(description="validate only: answer what would be stored, and store nothing"),
+    ] = False,
 ) -> PolicyRead:
-    """Validated before anything is stored; a name in the body must match the path."""
+    """Validated before anything is stored; a name in the body must match the path. With
+    `dry_run=true` nothing is stored: an editor checks a draft as it is typed."""
     policy = loading.validate_policy(_document(name, body), [t.name for t in tiers])
+    if dry_run:
+        document = loading.to_document(policy)
+        return PolicyRead(
+            name=name, source="api", updated_at=now, updated_by=principal.actor, policy=document
+        )
     return _read(
         policies.store_policy(session, policy, source="api", actor=principal.actor, now=now)
     )

@@ -38,6 +38,11 @@ from tests.builders import (
 # are filtered instead: test_project_bounds.py). Scope None: open to everyone.
 SPEC: dict[tuple[str, str], tuple[str | None, str]] = {
     ("GET", "/healthz"): (None, "none"),
+    # the console: its pages are open; what they show is what the caller's token reads
+    ("GET", "/"): (None, "none"),
+    ("GET", "/console"): (None, "none"),
+    ("GET", "/console/"): (None, "none"),
+    ("GET", "/console/{asset:path}"): (None, "none"),
     ("POST", "/v1/runs"): ("register", "one"),
     ("GET", "/v1/runs"): ("read", "none"),
     ("GET", "/v1/runs/{run_id}"): ("read", "one"),
@@ -210,6 +215,7 @@ def world(auth_app: FastAPI, auth_client: TestClient, data_dir: Path) -> Iterato
             "sweep_id": sweep.json()["id"],
             "name": "matrix",
             "token_id": victim_id,
+            "asset": "js/app.js",  # a file of the console
         }
     yield World(auth_app, secrets, params, project_of, data_dir)
 
@@ -277,7 +283,7 @@ def concrete(path: str, values: dict[str, str]) -> str:
             pytest.fail(f"no sample value for path parameter {{{name}}}: add one to World")
         return values[name]
 
-    return re.sub(r"\{(\w+)\}", value, path)
+    return re.sub(r"\{(\w+)(?::\w+)?\}", value, path)  # {asset:path} too
 
 
 def call(world: World, caller: str, method: str, path: str, side: str) -> httpx.Response:

@@ -499,7 +499,7 @@ def test_unknown_routes_are_404_problem(client: TestClient, subtests: pytest.Sub
         ("GET", "/v1/nothing-here"),
         ("GET", "/v2/runs"),
         ("POST", "/v1/runs/x/y/z"),
-        ("GET", "/"),
+        ("GET", "/console/no-such-page.js"),
     ]:
         with subtests.test(method=method, path=path):
             assert_problem(client.request(method, path), 404)

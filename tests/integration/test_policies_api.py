@@ -77,6 +77,31 @@ def test_put_yaml_stores_the_validated_policy(client: TestClient) -> None:
     assert listed == {"items": [body], "next_cursor": None}
 
 
+def test_a_dry_run_validates_and_stores_nothing(client: TestClient) -> None:
+    """What an editor sends at each keystroke: the answer a save would give and nothing
+    stored; a mistake is the same 422 naming the rule and field."""
+    response = client.put(
+        "/v1/policies/keep-3?dry_run=true",
+        content=KEEP_3,
+        headers={"Content-Type": "application/yaml"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["policy"] == KEEP_3_DOCUMENT
+    assert stored_names(client) == []
+    assert_problem(client.get("/v1/policies/keep-3"), 404)
+    wrong = KEEP_3.replace("keep_last: 3", "keep_last: lots")
+    body = assert_problem(
+        client.put(
+            "/v1/policies/keep-3?dry_run=true",
+            content=wrong,
+            headers={"Content-Type": "application/yaml"},
+        ),
+        422,
+    )
+    assert body["field"].endswith(".keep_last")
+    assert stored_names(client) == []
+
+
 @pytest.mark.parametrize("media", ["application/x-yaml", "text/yaml"])
 def test_put_takes_the_other_yaml_media_types(client: TestClient, media: str) -> None:
     response = client.put(
