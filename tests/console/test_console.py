@@ -96,23 +96,47 @@ def test_edit_a_policy_see_the_mistake_fix_preview_and_save(
     assert stored["rules"][0]["keep_last"] == 1
 
 
-def test_approve_a_held_sweep_and_see_its_deletes_run(
+def test_approve_one_held_delete_of_a_sweep(
     recorded: tuple[Page, Recorder], catalog: Catalog, admin_api: httpx.Client
 ) -> None:
     page, _ = recorded
     sign_in(page, catalog)
     sweep = page.locator(f"[data-sweep='{catalog.held_sweep}']")
-    sweep.get_by_role("button", name="Approve all 5").click()
+    sweep.get_by_text("Show the 5 actions").click()
+    sweep.get_by_role("button", name="Approve the delete of step 100").click()
     dialog = page.get_by_role("dialog")
-    expect(dialog).to_contain_text("5 checkpoints")
-    dialog.get_by_role("button", name="Delete 5").click()
-    expect(page.get_by_text("Approved: 5 deletes released.")).to_be_visible()
+    expect(dialog).to_contain_text("Step 100")
+    dialog.get_by_role("button", name="Delete", exact=True).click()
+    expect(
+        page.get_by_text(re.compile(r"Approved: the action is now (pending|running|done)"))
+    ).to_be_visible()
     run_id = catalog.runs["resnet-50"]["id"]
+    held = admin_api.get("/v1/actions", params={"state": "held", "run_id": run_id}).json()
+    assert sorted(a["step"] for a in held["items"]) == [200, 300, 400, 500]
+    expect(page.locator(f"[data-sweep='{catalog.held_sweep}']")).to_contain_text("4 deletes held")
+
+
+def test_approve_a_held_sweep_and_see_its_deletes_run(
+    recorded: tuple[Page, Recorder], catalog: Catalog, admin_api: httpx.Client
+) -> None:
+    page, _ = recorded
+    run_id = catalog.runs["resnet-50"]["id"]
+    waiting = len(
+        admin_api.get("/v1/actions", params={"state": "held", "run_id": run_id}).json()["items"]
+    )
+    assert waiting > 0
+    sign_in(page, catalog)
+    sweep = page.locator(f"[data-sweep='{catalog.held_sweep}']")
+    sweep.get_by_role("button", name=f"Approve all {waiting}").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"{waiting} checkpoints")
+    dialog.get_by_role("button", name=f"Delete {waiting}").click()
+    expect(page.get_by_text(f"Approved: {waiting} deletes released.")).to_be_visible()
     page.goto(f"{catalog.url}/console/#/ledger?kind=delete&run_id={run_id}")
     ledger = page.get_by_role("table", name="Ledger")
-    expect(ledger.get_by_role("row")).to_have_count(6)  # the heading and the 5 deletes
-    # the worker runs them: reload the ledger until they are done (the console does not
-    # refresh by itself; a person presses Filter again)
+    expect(ledger.get_by_role("row")).to_have_count(6)  # the heading and the run's 5 deletes
+    # the worker runs them: filter again until they are done (the ledger shows what it
+    # was given; a person presses Filter again)
     for _ in range(60):
         done = page.get_by_role("table", name="Ledger").locator(".badge.done")
         if done.count() == 5:

@@ -264,7 +264,7 @@ class LockWatch:
 
     def _run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.wait(0.005):
+            while not self._stop.wait(0.02):
                 row = conn.execute(LOCK_SQL, LOCK_KEY).fetchone()
                 assert row is not None
                 self.samples += 1
