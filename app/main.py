@@ -36,6 +36,7 @@ from app.bootstrap import bootstrap_token, load_policies_into
 from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
 from app.settings import Settings, get_settings
+from app.storage.bucket_settings import detect_all
 from app.storage.registry import StorageRegistry
 from app.tiers_config import load_tiers
 
@@ -68,9 +69,9 @@ def create_app(
     settings = settings or get_settings()
     owns_engine = engine is None
     engine = engine or make_engine(settings.database_url)
-    tier_list = load_tiers(settings)
-    factory = make_session_factory(engine)
     storages = storages or StorageRegistry()  # the tiers' adapters, shared by every request
+    tier_list = detect_all(load_tiers(settings), storages.storage_for)
+    factory = make_session_factory(engine)
     runtime = Runtime(
         factory,
         tier_list,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -9,6 +10,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -17,7 +19,9 @@ from pydantic import (
 )
 
 from app.cost.prices import known_entry, unknown_entry_message
+from app.domain.duration import parse_duration
 from app.domain.errors import Invalid
+from app.domain.provider import ObjectLock, ProviderSettings, autoclass_refusal
 from app.domain.tier import Price, Tier, parse_url
 from app.settings import Settings
 
@@ -70,6 +74,24 @@ class PriceConfig(BaseModel):
         return key
 
 
+def _duration(value: object) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    return parse_duration(str(value))
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+class ObjectLockConfig(BaseModel):
+    """Placements the service makes on the tier are written under this retention."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["GOVERNANCE", "COMPLIANCE"]
+    retain: Duration
+
+
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +103,15 @@ class TierConfig(BaseModel):
     # unset: "when_required" with an endpoint_url, "when_supported" on AWS itself.
     request_checksums: Literal["when_supported", "when_required"] | None = None
     price: PriceConfig = PriceConfig()
+    # What the bucket keeps and refuses (DESIGN section 16): stated here, or read from the
+    # bucket at start with `detect: true` (the stated figures win where both say).
+    soft_delete: Duration | None = None
+    versioned: bool | None = None
+    keep_versions: bool = False
+    noncurrent_expiry: Duration | None = None
+    object_lock: ObjectLockConfig | None = None
+    autoclass: bool | None = None
+    detect: bool = False
 
     @field_validator("url")
     @classmethod
@@ -112,7 +143,37 @@ class TierConfig(BaseModel):
                     raise ValueError(f"{option} applies to s3:// tiers only")
         if scheme == "file" and self.storage_class is not None:
             raise ValueError("storage_class applies to s3:// and gs:// tiers only")
+        _check_provider_options(self, scheme)
         return self
+
+
+def _check_provider_options(config: TierConfig, scheme: str) -> None:
+    """Each bucket setting where its provider has it, and none that contradicts another."""
+    only = {
+        "soft_delete": ("gs",),
+        "autoclass": ("gs",),
+        "object_lock": ("s3",),
+        "versioned": ("s3", "gs"),
+        "detect": ("s3", "gs"),
+    }
+    for option, schemes in only.items():
+        if getattr(config, option) not in (None, False) and scheme not in schemes:
+            where = " and ".join(f"{s}://" for s in schemes)
+            raise ValueError(f"{option} applies to {where} tiers only")
+    if config.object_lock is not None and config.versioned is False:
+        raise ValueError("object_lock needs a versioned bucket: S3 turns versioning on with it")
+    versioned = bool(config.versioned) or config.object_lock is not None
+    if not versioned and not config.detect:
+        for option in ("keep_versions", "noncurrent_expiry"):
+            if getattr(config, option) not in (None, False):
+                raise ValueError(f"{option} applies to a versioned bucket: set versioned: true")
+    if config.noncurrent_expiry is not None and not config.keep_versions:
+        raise ValueError(
+            "noncurrent_expiry applies with keep_versions: true (otherwise a purge removes "
+            "every version itself)"
+        )
+    if config.autoclass and config.storage_class is not None:
+        raise ValueError(autoclass_refusal(config.storage_class))
 
 
 class TiersConfig(BaseModel):
@@ -154,6 +215,32 @@ def _to_tier(config: TierConfig, rank: int) -> Tier:
         request_checksums=config.request_checksums
         or ("when_required" if config.endpoint_url else "when_supported"),
         price=Price(**config.price.model_dump()),
+        provider=_provider(config),
+        detect=config.detect,
+    )
+
+
+def _provider(config: TierConfig) -> ProviderSettings:
+    lock = config.object_lock
+    stated = any(
+        value not in (None, False)
+        for value in (
+            config.soft_delete,
+            config.versioned,
+            config.keep_versions,
+            config.noncurrent_expiry,
+            lock,
+            config.autoclass,
+        )
+    )
+    return ProviderSettings(
+        soft_delete=config.soft_delete,
+        versioned=bool(config.versioned) or lock is not None,
+        keep_versions=config.keep_versions,
+        noncurrent_expiry=config.noncurrent_expiry,
+        object_lock=ObjectLock(mode=lock.mode, retain=lock.retain) if lock else None,
+        autoclass=bool(config.autoclass),
+        source="tiers file" if stated else "default",
     )
 
 

@@ -56,5 +56,7 @@ def checkpoint_read(checkpoint: Checkpoint) -> CheckpointRead:
         health=checkpoint.health or "ok",
         health_detail=checkpoint.health_detail,
         protected_until=checkpoint.protected_until,
+        locked_until=checkpoint.locked_until,
+        lock_reason=checkpoint.lock_reason,
         reserved_until=checkpoint.reserved_until,
     )

@@ -74,6 +74,10 @@ Interval = Annotated[
     Field(max_length=32, pattern=r"^(end|[1-9][0-9]{0,5}[smhdw])$", examples=["3h", "1d", "end"]),
     AfterValidator(_interval),
 ]
+# How long a provider bills deleted bytes: a duration parse_duration reads, `0s` included.
+BilledFor = Annotated[
+    str, Field(max_length=32, pattern=r"^[0-9]{1,6}[smhdw]$", examples=["7d", "0s"])
+]
 # A tier's name, or `*` for every tier (app.services.cost.inputs.tier_prices says how they layer).
 PricedTier = Annotated[str, Field(pattern=rf"^(\*|{NAME_PATTERN[1:-1]})$", examples=["*", "cold"])]
 Recipe = Literal["fp32-master-adam", "bf16-fp32-master-adam", "zero-mixed-adam"]

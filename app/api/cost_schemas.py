@@ -3,12 +3,15 @@ planner_schemas.py). Requests refuse unknown fields."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.api.cost_fields import (
     MAX_BYTES,
+    BilledFor,
     Days,
     Interval,
     Money,
@@ -33,9 +36,9 @@ from app.cost.planner import (
     DEFAULT_BYTES_PER_PARAMETER,
 )
 from app.cost.prices import PriceQuote
-from app.domain.duration import parse_duration
+from app.domain.duration import format_duration, parse_duration
 from app.domain.errors import Invalid
-from app.services.cost.report import CostReport, GroupBy
+from app.services.cost.report import CostReport, GroupBy, RowKind
 
 # --- prices --------------------------------------------------------------------------------
 
@@ -108,17 +111,34 @@ class PriceOverride(Strict):
 class CostRowRead(BaseModel):
     key: str
     name: str | None = Field(None, description="a run's <project>/<run name>")
-    bytes: int = Field(description="stored over every location, replicas included")
+    kind: RowKind = Field(
+        "stored",
+        description="`stored`: active and trashed checkpoints; `deleted_billed`: bytes the "
+        "service removed (a purge, a move's source) that the tier's provider still keeps and "
+        "bills (GCS soft delete, noncurrent versions). A group may have a row of each kind; "
+        "the deleted_billed rows come after every stored row",
+    )
+    bytes: int = Field(description="over every location, replicas included")
     checkpoints: int
     trashed_bytes: int = Field(description="part of bytes held by trashed checkpoints")
     usd_month: float
+    billed_until: datetime | None = Field(
+        None,
+        description="deleted_billed rows: when the last of their bytes stops being billed; "
+        "null when some are billed until someone removes them (noncurrent versions that no "
+        "lifecycle rule expires), and on stored rows",
+    )
 
 
 class CostReportRead(BaseModel):
     group_by: GroupBy
     rows: list[CostRowRead]
-    total_bytes: int
-    total_usd_month: float
+    total_bytes: int = Field(description="every row's bytes, deleted_billed rows included")
+    total_usd_month: float = Field(description="every row's usd_month: what is billed a month")
+    deleted_billed_bytes: int = Field(0, description="the part of total_bytes deleted but billed")
+    deleted_billed_usd_month: float = Field(
+        0.0, description="the part of total_usd_month deleted but billed"
+    )
     prices: dict[str, PriceQuoteRead]
 
 
@@ -129,15 +149,19 @@ def report_read(report: CostReport) -> CostReportRead:
             CostRowRead(
                 key=r.key,
                 name=r.name,
+                kind=r.kind,
                 bytes=r.bytes,
                 checkpoints=r.checkpoints,
                 trashed_bytes=r.trashed_bytes,
                 usd_month=r.usd_month,
+                billed_until=r.billed_until,
             )
             for r in report.rows
         ],
         total_bytes=report.total_bytes,
         total_usd_month=report.total_usd_month,
+        deleted_billed_bytes=report.deleted_billed_bytes,
+        deleted_billed_usd_month=report.deleted_billed_usd_month,
         prices={tier: price_read(q) for tier, q in report.prices.items()},
     )
 
@@ -183,6 +207,17 @@ class ForecastRequest(Strict):
         "tier's own entry winning over it figure by figure (a `catalog` it names starts "
         "that tier afresh from the entry)",
     )
+    billed_after_delete: (
+        Annotated[dict[PricedTier, BilledFor | None], Field(max_length=64)] | None
+    ) = Field(
+        None,
+        description="what-if: how long each tier's provider keeps billing deleted bytes "
+        "(GCS soft delete, S3 noncurrent versions), over the tiers' own settings (GET "
+        "/v1/tiers: provider.billed_after_delete): a duration, `0s` for a bucket that "
+        "forgets at once, or null for ever (to the horizon); `*` for every tier, a tier's own "
+        "entry winning over it",
+        examples=[{"hot": "7d"}, {"*": "0s"}],
+    )
 
     def to_spec(self) -> ForecastSpec:
         """The simulation this asks for; raises Invalid naming the field at fault."""
@@ -211,6 +246,9 @@ class ForecastRequest(Strict):
             metrics=self.metrics,
         )
 
+    def billing_overrides(self) -> dict[str, str | None]:
+        return dict(self.billed_after_delete or {})
+
     def price_overrides(self) -> dict[str, dict[str, Any]]:
         return {
             tier: override.model_dump(exclude_none=True)
@@ -219,9 +257,15 @@ class ForecastRequest(Strict):
 
 
 class UsageRead(BaseModel):
-    bytes: int
+    bytes: int = Field(description="the live checkpoints' bytes, every location")
     bytes_by_tier: dict[str, int]
-    usd_month: float
+    deleted_billed_bytes: int = Field(
+        0,
+        description="bytes deleted (or moved off) a tier whose provider still bills them, "
+        "not part of bytes",
+    )
+    deleted_billed_bytes_by_tier: dict[str, int] = Field(default_factory=dict)
+    usd_month: float = Field(description="bytes and deleted_billed_bytes at the tiers' prices")
 
 
 class DayRead(UsageRead):
@@ -232,7 +276,10 @@ class ScenarioRead(BaseModel):
     series: list[DayRead]
     at_run_end: UsageRead
     total_usd: float = Field(description="storage over the horizon plus one-off fees")
-    storage_usd: float
+    storage_usd: float = Field(description="deleted_billed_usd included")
+    deleted_billed_usd: float = Field(
+        0.0, description="the part of storage_usd billed for deleted bytes"
+    )
     fees_usd: float = Field(description="retrieval, egress and early-deletion charges")
 
 
@@ -249,12 +296,21 @@ class ForecastRead(ScenarioRead):
         description="checkpoints per run a demotion skipped for its early-deletion penalty"
     )
     prices: dict[str, PriceQuoteRead]
+    billed_after_delete: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="tier -> how long its deleted bytes stayed billed in this forecast "
+        "(`0s`: not at all; null: for ever)",
+    )
     assumptions: list[str]
 
 
 def _usage(usage: Usage) -> UsageRead:
     return UsageRead(
-        bytes=usage.bytes, bytes_by_tier=dict(usage.bytes_by_tier), usd_month=usage.usd_month
+        bytes=usage.bytes,
+        bytes_by_tier=dict(usage.bytes_by_tier),
+        deleted_billed_bytes=usage.deleted_billed_bytes,
+        deleted_billed_bytes_by_tier=dict(usage.deleted_billed_by_tier),
+        usd_month=usage.usd_month,
     )
 
 
@@ -264,11 +320,16 @@ def _scenario(scenario: Scenario) -> dict[str, Any]:
         "at_run_end": _usage(scenario.at_run_end),
         "total_usd": scenario.total_usd,
         "storage_usd": scenario.storage_usd,
+        "deleted_billed_usd": scenario.deleted_billed_usd,
         "fees_usd": scenario.fees_usd,
     }
 
 
-def forecast_read(result: Forecast, prices: dict[str, PriceQuote]) -> ForecastRead:
+def forecast_read(
+    result: Forecast,
+    prices: dict[str, PriceQuote],
+    billed_after_delete: Mapping[str, timedelta | None] | None = None,
+) -> ForecastRead:
     spec = result.spec
     return ForecastRead(
         policy=result.policy,
@@ -281,6 +342,10 @@ def forecast_read(result: Forecast, prices: dict[str, PriceQuote]) -> ForecastRe
         savings_usd=result.savings_usd,
         skipped_demotions=result.skipped_demotions,
         prices={tier: price_read(q) for tier, q in prices.items()},
+        billed_after_delete={
+            tier: None if kept is None else format_duration(kept)
+            for tier, kept in (billed_after_delete or {}).items()
+        },
         assumptions=list(result.assumptions),
         **_scenario(result.with_policy),
     )

@@ -97,7 +97,12 @@ def _what_if(
 
 @router.post("/v1/plan")
 def plan(
-    body: PlanRequest, session: SessionDep, tiers: TiersDep, principal: PrincipalDep, now: NowDep
+    body: PlanRequest,
+    session: SessionDep,
+    tiers: TiersDep,
+    principal: PrincipalDep,
+    now: NowDep,
+    settings: SettingsDep,
 ) -> PlanRead:
     """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing.
     Without a project or run, a token bounded to some projects gets the plan of those."""
@@ -111,6 +116,7 @@ def plan(
         run_id=run_id,
         policy=what_if,
         projects=principal.projects,
+        trash_retention=settings.trash_retention,
     )
     return PlanRead(
         actions=[

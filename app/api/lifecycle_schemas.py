@@ -43,8 +43,11 @@ class PlanActionRead(BaseModel):
     usd_month: float = Field(
         description="the monthly storage change it makes at the tiers' prices, negative for a "
         "saving: a delete frees every location (primary and replicas), and since it trashes "
-        "now and purges after CKPT_TRASH_RETENTION, the saving starts at the purge; a move "
-        "is (target price - source price) x bytes; a copy adds bytes at the target's price"
+        "now and purges after CKPT_TRASH_RETENTION, the saving starts at the purge (on a tier "
+        "whose provider keeps billing deleted bytes, soft delete or old versions, that much "
+        "later, or never while old versions stay: the reason says when); a move is (target "
+        "price - source price) x bytes, its source's saving likewise; a copy adds bytes at "
+        "the target's price"
     )
     one_off_usd: float = Field(
         description="the one-off charges it incurs: early deletion (on every tier a delete "

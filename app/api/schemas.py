@@ -187,6 +187,8 @@ class FileEntry(TypedDict):
     size_bytes: Count
     sha256: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
     crc32c: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]]
+    # S3's full-object CRC64NVME, as the registration lists it from S3 (16 hex digits)
+    crc64nvme: NotRequired[Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]]
 
 
 Manifest = Annotated[list[FileEntry], Field(max_length=100_000)]
@@ -274,6 +276,13 @@ class CheckpointRead(BaseModel):
         default=None,
         description="set by an undelete: no policy deletes or moves it before this time",
     )
+    locked_until: datetime | None = Field(
+        default=None,
+        description="the provider refused to delete its bytes (Object Lock retention or a "
+        "legal hold), or the service wrote them locked: no policy deletes or moves it before "
+        "this time (`lock_reason` says why)",
+    )
+    lock_reason: str | None = None
     reserved_until: datetime | None = Field(
         default=None,
         description="a `writing` checkpoint's reservation ends then unless kept alive or "
@@ -293,6 +302,27 @@ class TierUsage(BaseModel):
     checkpoints: int
 
 
+class ObjectLockRead(BaseModel):
+    mode: Literal["GOVERNANCE", "COMPLIANCE"]
+    retain: str  # a duration, "30d"
+
+
+class ProviderSettingsRead(BaseModel):
+    """What the bucket keeps and refuses, and where the service learnt it: `source` is
+    "tiers file", "bucket" (read at start) or "default" (a plain bucket). `billed_after_delete`
+    is how long a deleted checkpoint's bytes stay billed ("0s"), null when for ever
+    (noncurrent versions that nothing expires)."""
+
+    soft_delete: str | None
+    versioned: bool
+    keep_versions: bool
+    noncurrent_expiry: str | None
+    object_lock: ObjectLockRead | None
+    autoclass: bool
+    billed_after_delete: str | None
+    source: Literal["default", "tiers file", "bucket"]
+
+
 class TierRead(BaseModel):
     name: str
     url: str
@@ -301,6 +331,7 @@ class TierRead(BaseModel):
     endpoint_url: str | None
     price: PriceRead
     usage: TierUsage
+    provider: ProviderSettingsRead
 
 
 T = TypeVar("T")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from fastapi import APIRouter
 
 from app.api.cost_schemas import TierPricedRead, price_read
 from app.api.deps import Cursor, Limit, PrincipalDep, SessionDep, TiersDep
-from app.api.schemas import Health, Page, TierUsage
+from app.api.schemas import Health, ObjectLockRead, Page, ProviderSettingsRead, TierUsage
 from app.cost.prices import effective_price
 from app.db.pagination import decode_cursor, encode_cursor
+from app.domain.duration import format_duration
+from app.domain.provider import ProviderSettings
 from app.services.catalog.tier_usage import tier_usage
 
 router = APIRouter(tags=["tiers"])
@@ -40,12 +44,32 @@ def list_tiers(
             usage=TierUsage(
                 bytes=usage.get(tier.name, (0, 0))[0], checkpoints=usage.get(tier.name, (0, 0))[1]
             ),
+            provider=provider_read(tier.provider),
         )
         for tier in page
     ]
     more = start + limit < len(tiers)
     return Page[TierPricedRead](
         items=items, next_cursor=encode_cursor(page[-1].rank) if more else None
+    )
+
+
+def provider_read(settings: ProviderSettings) -> ProviderSettingsRead:
+    def shown(value: timedelta | None) -> str | None:
+        return None if value is None else format_duration(value)
+
+    lock = settings.object_lock
+    return ProviderSettingsRead(
+        soft_delete=shown(settings.soft_delete),
+        versioned=settings.versioned,
+        keep_versions=settings.keep_versions,
+        noncurrent_expiry=shown(settings.noncurrent_expiry),
+        object_lock=ObjectLockRead(mode=lock.mode, retain=format_duration(lock.retain))
+        if lock
+        else None,
+        autoclass=settings.autoclass,
+        billed_after_delete=shown(settings.billed_after_delete),
+        source=settings.source,
     )
 
 

@@ -17,6 +17,7 @@ from app.domain.tier import Tier
 from app.logging import configure_logging
 from app.policy.loading import PolicyFileError, load_policy_files
 from app.settings import Settings, SettingsError, load_settings
+from app.storage.bucket_settings import BucketSettingsError, detect_all
 from app.storage.registry import StorageRegistry
 from app.tiers_config import TiersFileError, load_tiers
 
@@ -36,7 +37,9 @@ def checked_settings() -> Settings:
         settings = load_settings()
         tiers = load_tiers(settings)
         load_policy_files(settings.policies_dir, [t.name for t in tiers])
-    except (SettingsError, TiersFileError, PolicyFileError) as error:
+        if any(tier.detect for tier in tiers):  # a bucket that contradicts its tier
+            detect_all(tiers, StorageRegistry().storage_for)
+    except (SettingsError, TiersFileError, PolicyFileError, BucketSettingsError) as error:
         typer.echo(f"ckpt: configuration error: {error}", err=True)
         raise typer.Exit(2) from None
     return settings

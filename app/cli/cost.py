@@ -49,6 +49,15 @@ def _prices(values: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _billed(values: list[str]) -> dict[str, str | None]:
+    """`--billed-after-delete TIER=DURATION` (or TIER=forever) as the request's
+    `billed_after_delete`: `forever` is the API's null."""
+    return {
+        name: None if value == "forever" else value
+        for name, value in _pairs(values, "--billed-after-delete").items()
+    }
+
+
 def render_report(body: dict[str, Any]) -> None:
     columns = (
         Column("key", role="id"),
@@ -59,7 +68,8 @@ def render_report(body: dict[str, Any]) -> None:
     )
     rows = [
         (
-            row["name"] or row["key"],
+            (row["name"] or row["key"])
+            + (" (deleted, still billed)" if row.get("kind") == "deleted_billed" else ""),
             human_bytes(row["bytes"]),
             str(row["checkpoints"]),
             human_bytes(row["trashed_bytes"]),
@@ -68,7 +78,13 @@ def render_report(body: dict[str, Any]) -> None:
         for row in body["rows"]
     ]
     print_table(f"cost by {body['group_by']}", columns, rows)
-    typer.echo(f"total: {human_bytes(body['total_bytes'])}, {usd(body['total_usd_month'])}/month")
+    total = f"total: {human_bytes(body['total_bytes'])}, {usd(body['total_usd_month'])}/month"
+    if body.get("deleted_billed_bytes"):
+        total += (
+            f", of which deleted but still billed: {human_bytes(body['deleted_billed_bytes'])}, "
+            f"{usd(body['deleted_billed_usd_month'])}/month"
+        )
+    typer.echo(total)
 
 
 def render_forecast_table(result: ForecastRead, every: int) -> None:
@@ -78,10 +94,12 @@ def render_forecast_table(result: ForecastRead, every: int) -> None:
         for t in result.at_run_end.bytes_by_tier
         if any(d.bytes_by_tier.get(t) for d in result.series)
     ] or list(result.at_run_end.bytes_by_tier)[:1]
+    deleted = any(d.deleted_billed_bytes for d in result.series)
     columns = (
         Column("day", justify="right"),
         *[Column(t, drop=3, justify="right") for t in tiers],
         Column("total", justify="right"),
+        *([Column("deleted, billed", drop=2, justify="right")] if deleted else []),
         Column("$/month", justify="right"),
         Column("keep everything", drop=2, justify="right"),
         Column("$/month (keep)", drop=1, justify="right"),
@@ -96,6 +114,7 @@ def render_forecast_table(result: ForecastRead, every: int) -> None:
                 str(policy_day.day),
                 *[human_bytes(policy_day.bytes_by_tier.get(t, 0)) for t in tiers],
                 human_bytes(policy_day.bytes),
+                *([human_bytes(policy_day.deleted_billed_bytes)] if deleted else []),
                 usd(policy_day.usd_month),
                 human_bytes(keep_day.bytes),
                 usd(keep_day.usd_month),
@@ -103,10 +122,20 @@ def render_forecast_table(result: ForecastRead, every: int) -> None:
         )
     print_table(f"forecast: policy {result.policy}, {result.concurrent_runs} run(s)", columns, rows)
     end, keep_end = result.at_run_end, keep.at_run_end
+    billed = (
+        f" + {human_bytes(end.deleted_billed_bytes)} deleted, still billed"
+        if end.deleted_billed_bytes
+        else ""
+    )
     typer.echo(
-        f"at run end: {human_bytes(end.bytes)}, {usd(end.usd_month)}/month "
+        f"at run end: {human_bytes(end.bytes)}{billed}, {usd(end.usd_month)}/month "
         f"(keeping everything: {human_bytes(keep_end.bytes)}, {usd(keep_end.usd_month)}/month)"
     )
+    if result.deleted_billed_usd:
+        typer.echo(
+            f"deleted bytes still billed by their provider: {usd(result.deleted_billed_usd)} "
+            f"of the {usd(result.total_usd)}"
+        )
     typer.echo(
         f"over {result.horizon_days} days: {usd(result.total_usd)} "
         f"(fees {usd(result.fees_usd)}); keeping everything: {usd(keep.total_usd)}; "
@@ -200,6 +229,14 @@ def register(cli: typer.Typer) -> None:
                 "tier not named"
             ),
         ] = None,
+        billed_after_delete: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="TIER=DURATION deleted bytes stay billed (soft delete: hot=7d; 0s for "
+                "none), or TIER=forever; TIER * for every tier not named; default: the tiers' "
+                "provider settings"
+            ),
+        ] = None,
         metrics: Annotated[str, typer.Option(help="improving or missing")] = "improving",
         chart: Annotated[Path, typer.Option(help="PNG to write")] = Path("forecast.png"),
         no_chart: Annotated[bool, typer.Option("--no-chart", help="write no PNG")] = False,
@@ -219,6 +256,7 @@ def register(cli: typer.Typer) -> None:
             "horizon_days": horizon_days,
             "metrics": metrics,
             "prices": _prices(list(price or [])) or None,
+            "billed_after_delete": _billed(list(billed_after_delete or [])) or None,
         }
         if not no_chart and not can_draw():  # before asking: no half an answer
             raise usage(MISSING)

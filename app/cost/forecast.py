@@ -4,7 +4,8 @@ under a policy, day by day, beside keeping everything on the hottest tier.
 The real policy engine is replayed over simulated checkpoints, evaluated after every
 registration, when the run ends and at each day boundary, as the service would; demotions
 not worth their early-deletion penalty are skipped as a sweep skips them. Actions happen
-at once: held deletes count as approved and deleted bytes are freed at once. Concurrent
+at once: held deletes count as approved and deleted bytes are freed at once, unless the
+tier's provider keeps billing them (soft delete, noncurrent versions). Concurrent
 runs start together on one schedule and a rule only ever acts within one run, so N runs
 are one replay times N. Pure: no I/O, no clock.
 """
@@ -66,13 +67,17 @@ def forecast(
     policy: Policy,
     tiers: Sequence[Tier],
     prices: Mapping[str, PriceQuote],
+    billed_after_delete: Mapping[str, timedelta | None] | None = None,
 ) -> Forecast:
-    """Replay `policy` over the simulated runs, and price keeping everything beside it."""
+    """Replay `policy` over the simulated runs, and price keeping everything beside it.
+
+    `billed_after_delete` says per tier how long its provider bills deleted bytes (None: for
+    ever), a what-if over the tiers' own provider settings for the tiers it names."""
     if not tiers:
         raise Invalid("no tiers are configured", field="tiers")
     ordered = sorted(tiers, key=lambda t: t.rank)
     writes = planned_writes(spec)
-    replay = Replay(spec, policy, ordered, prices)
+    replay = Replay(spec, policy, ordered, prices, billed_after_delete)
     with_policy = replay.play(writes)
     written: dict[str, int] = {klass: 0 for klass, _every in spec.schedule}
     for _t, klass in writes:

@@ -1,5 +1,9 @@
 """The policy engine replayed over one simulated run, as the service would run it: after
-every registration, when the run ends and at each day boundary."""
+every registration, when the run ends and at each day boundary.
+
+A tier whose provider keeps deleted bytes (GCS soft delete, noncurrent versions: its
+`billed_after_delete`) keeps billing what a delete or a move takes off it for that long, to
+the horizon when for ever; the policy's decisions do not change, only the bill."""
 
 from __future__ import annotations
 
@@ -45,10 +49,16 @@ class Replay:
         policy: Policy,
         tiers: Sequence[Tier],
         prices: Mapping[str, PriceQuote],
+        billed_after_delete: Mapping[str, timedelta | None] | None = None,
     ) -> None:
         missing = [t.name for t in tiers if t.name not in prices]
         if missing:
             raise Invalid(f"no price for tiers {', '.join(missing)}", field="prices")
+        # tier -> how long its deleted bytes stay billed (None: for ever), as given or as
+        # the tier's provider settings say; tiers that forget at once are left out.
+        given = billed_after_delete if billed_after_delete is not None else {}
+        kept = {t.name: given.get(t.name, t.provider.billed_after_delete) for t in tiers}
+        self.kept_for = {name: d for name, d in kept.items() if d != timedelta(0)}
         self.spec = spec
         self.policy = policy
         self.prices = prices
@@ -61,10 +71,15 @@ class Replay:
         self.selected = frozenset(k for r in policy.rules for k in r.classes or ())
         self.arrived: dict[tuple[str, str], datetime] = {}  # (checkpoint, tier) -> when
         self.stored = {t.name: 0 for t in tiers}
-        self.rate = 0.0  # USD a month, one run
+        self.deleted = {t.name: 0 for t in tiers}  # deleted, still billed
+        self.releases: list[tuple[datetime, str, int]] = []  # a heap of (when, tier, bytes)
+        self.rate = 0.0  # USD a month, one run, deleted bytes still billed included
+        self.deleted_rate = 0.0  # the part of `rate` for those
         self.clock = START
         self.horizon_end = START + spec.horizon * DAY
+        self.replay_end = START + max(spec.run_days, spec.horizon) * DAY
         self.storage_usd = 0.0
+        self.deleted_usd = 0.0
         self.fees_usd = 0.0
         self.skipped: set[str] = set()
         self.work = 0  # checkpoints handed to the engine, summed over evaluations
@@ -79,7 +94,7 @@ class Replay:
 
     def play(self, writes: Sequence[tuple[timedelta, str]]) -> Scenario:
         run_end = START + self.spec.run_days * DAY
-        last_day = max(self.spec.run_days, self.spec.horizon)
+        last_day = (self.replay_end - START) // DAY
         at: dict[datetime, list[str]] = {}
         for t, klass in writes:
             at.setdefault(START + t, []).append(klass)
@@ -92,6 +107,7 @@ class Replay:
                 step += 1
                 self._register(moment, step, klass)
             if moment == run_end:
+                self._advance(moment)  # what the provider let go of by then, with no write
                 at_run_end = self._usage()
                 self._end_run(moment)
             if moment in boundaries:
@@ -102,23 +118,58 @@ class Replay:
         self._advance(self.horizon_end)
         assert at_run_end is not None
         n = self.spec.concurrent_runs
-        return Scenario(tuple(series), at_run_end, self.storage_usd * n, self.fees_usd * n)
+        return Scenario(
+            tuple(series),
+            at_run_end,
+            self.storage_usd * n,
+            self.fees_usd * n,
+            self.deleted_usd * n,
+        )
 
     def _usage(self) -> Usage:
         n = self.spec.concurrent_runs
         by_tier = {tier: size * n for tier, size in self.stored.items()}
-        return Usage(MappingProxyType(by_tier), self.rate * n)
+        deleted = {tier: size * n for tier, size in self.deleted.items()}
+        return Usage(MappingProxyType(by_tier), self.rate * n, MappingProxyType(deleted))
 
     def _advance(self, moment: datetime) -> None:
-        """Bill what is stored from the clock to `moment` (not beyond the horizon)."""
+        """Bill what is stored from the clock to `moment` (not beyond the horizon), letting
+        go of deleted bytes as their provider does on the way."""
+        while self.releases and self.releases[0][0] <= moment:
+            when, tier, size = heapq.heappop(self.releases)
+            self._bill_until(when)
+            self.deleted[tier] -= size
+            self._reprice()
+        self._bill_until(moment)
+
+    def _bill_until(self, moment: datetime) -> None:
         end = min(moment, self.horizon_end)
         if end > self.clock:
-            self.storage_usd += self.rate * (end - self.clock).total_seconds() / MONTH_SECONDS
+            months = (end - self.clock).total_seconds() / MONTH_SECONDS
+            self.storage_usd += self.rate * months
+            self.deleted_usd += self.deleted_rate * months
             self.clock = end
 
     def _store(self, tier: str, size: int) -> None:
         self.stored[tier] += size
-        self.rate = sum(self.prices[t].usd_month(b) for t, b in self.stored.items() if b)
+        self._reprice()
+
+    def _remove(self, tier: str, size: int, moment: datetime) -> None:
+        """Take `size` bytes off `tier` at `moment`: its provider may bill them on."""
+        self.stored[tier] -= size
+        if tier in self.kept_for:
+            self.deleted[tier] += size
+            kept = self.kept_for[tier]
+            # Let go of within the replay only: a release past its end (or for ever) never
+            # comes, and a long retention does not overflow the calendar.
+            if kept is not None and kept <= self.replay_end - moment:
+                heapq.heappush(self.releases, (moment + kept, tier, size))
+        self._reprice()
+
+    def _reprice(self) -> None:
+        self.deleted_rate = sum(self.prices[t].usd_month(b) for t, b in self.deleted.items() if b)
+        stored = sum(self.prices[t].usd_month(b) for t, b in self.stored.items() if b)
+        self.rate = stored + self.deleted_rate
 
     def _put(self, c: CheckpointSnapshot) -> None:
         self.live[c.id] = c
@@ -225,7 +276,7 @@ class Replay:
                     "delete", c.size_bytes, source=self.prices[tier], days_on_source=days
                 )
                 fees += cost.total_usd
-                self._store(tier, -c.size_bytes)
+                self._remove(tier, c.size_bytes, moment)
             del self.live[c.id]
             self.watched.pop(c.id, None)
         elif a.kind == "move" and c.tier is not None and a.to_tier is not None:
@@ -234,7 +285,7 @@ class Replay:
             fees += action_cost(
                 "move", c.size_bytes, source=source, target=target, days_on_source=days
             ).total_usd
-            self._store(c.tier, -c.size_bytes)
+            self._remove(c.tier, c.size_bytes, moment)
             if a.to_tier not in c.tiers:
                 self._store(a.to_tier, c.size_bytes)
                 self.arrived[c.id, a.to_tier] = moment

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Literal
 
 from app.cost.prices import MONTH_DAYS
@@ -28,7 +29,9 @@ ASSUMPTIONS = (
     "checkpoints of one run take increasing steps in the order they are written",
     "the policy is evaluated after every registration, when the run ends and at each day "
     "boundary; its actions complete at once",
-    "held deletes count as approved and deleted bytes are freed at once",
+    "held deletes count as approved and deleted bytes are freed at once, except on a tier "
+    "whose provider keeps billing deleted bytes (soft delete, noncurrent versions): there "
+    "they stay billed that long after the delete (to the horizon when for ever)",
     "a month of storage is 30 days; 1 GB is 10^9 bytes",
 )
 
@@ -58,14 +61,21 @@ class ForecastSpec:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What is stored at one moment, and what that costs a month."""
+    """What is stored at one moment, and what that costs a month: the live checkpoints'
+    bytes, and apart from them the bytes deleted from a tier whose provider still bills
+    them (`usd_month` prices both)."""
 
     bytes_by_tier: Mapping[str, int]
     usd_month: float
+    deleted_billed_by_tier: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def bytes(self) -> int:
         return sum(self.bytes_by_tier.values())
+
+    @property
+    def deleted_billed_bytes(self) -> int:
+        return sum(self.deleted_billed_by_tier.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +90,7 @@ class Scenario:
     at_run_end: Usage  # just after the checkpoints written when the run ends
     storage_usd: float  # storage over the horizon
     fees_usd: float = 0.0  # retrieval, egress and early deletion within the horizon
+    deleted_billed_usd: float = 0.0  # the part of storage_usd billed for deleted bytes
 
     @property
     def total_usd(self) -> float:

@@ -119,6 +119,10 @@ class Checkpoint(Base):
     # A `writing` checkpoint is a reservation: past this time without a commit or a
     # keepalive it is abandoned, and the scheduler aborts it. NULL in every other state.
     reserved_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The provider refused to delete its bytes (Object Lock retention or a legal hold): no
+    # plan deletes or moves it before then; `lock_reason` says which, with the date.
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    lock_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     locations: Mapped[list[Location]] = relationship(
         lazy="raise", order_by="Location.id", cascade="all, delete-orphan"
@@ -315,3 +319,23 @@ class ImportItem(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     layout: Mapped[str] = mapped_column(String(16))
     checkpoint_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+
+
+class DeletedBytes(Base):
+    """Bytes the service removed that the provider still bills: a soft-deleted GCS object,
+    a noncurrent S3 version the bucket's lifecycle expires later. One row per location
+    removed (a purge, or a move's source), until `billed_until` (NULL: for ever)."""
+
+    __tablename__ = "deleted_bytes"
+    __table_args__ = (Index("ix_deleted_bytes_billed_until", "billed_until"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    action_id: Mapped[str] = mapped_column(ID)  # the purge or move that removed them
+    checkpoint_id: Mapped[str] = mapped_column(ID)
+    project: Mapped[str] = mapped_column(NAME)
+    run_id: Mapped[str] = mapped_column(ID)
+    klass: Mapped[str] = mapped_column("class", NAME)
+    tier: Mapped[str] = mapped_column(NAME)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    deleted_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    billed_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

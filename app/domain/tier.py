@@ -9,6 +9,7 @@ from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from app.domain.errors import Invalid
+from app.domain.provider import ProviderSettings
 
 SCHEMES = ("file", "s3", "gs")
 
@@ -60,6 +61,8 @@ class Tier:
     endpoint_url: str | None = None
     request_checksums: str = "when_supported"
     price: Price = field(default_factory=Price)
+    provider: ProviderSettings = field(default_factory=ProviderSettings)
+    detect: bool = False  # read the bucket's settings at start (storage.bucket_settings)
 
     @property
     def parsed(self) -> ParsedUrl:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import BinaryIO, Literal, Protocol
 
-# Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 hex digits) and
-# provider fingerprints comparable between two objects of one provider ("md5", "etag").
-MANIFEST_CHECKSUMS = ("sha256", "crc32c")
+# Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 and "crc64nvme" 16 hex
+# digits, each of the whole object) and provider fingerprints comparable between two objects
+# of one provider ("md5", "etag").
+MANIFEST_CHECKSUMS = ("sha256", "crc32c", "crc64nvme")
 
 RestoreState = Literal["readable", "archived", "restoring"]
 
@@ -49,6 +50,17 @@ class PermissionDenied(PermanentError):
     lock or legal hold."""
 
 
+class ObjectLocked(PermissionDenied):
+    """The provider keeps the object: Object Lock retention until `retain_until`, or a
+    legal hold (no date: it lasts until someone lifts it). Waiting for the date heals it,
+    retrying before does not."""
+
+    def __init__(self, message: str, *, retain_until: datetime | None, legal_hold: bool) -> None:
+        super().__init__(message)
+        self.retain_until = retain_until
+        self.legal_hold = legal_hold
+
+
 class ArchivedObject(StorageError):
     """The object sits in an archive class and must be restored before it can be read."""
 
@@ -73,9 +85,14 @@ class Storage(Protocol):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+    def list_prefix(self, prefix: str, *, checksums: bool = False) -> list[ObjectInfo]:
         """Every object under `prefix/`, keys relative to it, sorted by key. Raises
-        ObjectMissing when there is none, UnsafePath when one leads outside the tier."""
+        ObjectMissing when there is none, UnsafePath when one leads outside the tier.
+
+        With `checksums` (a registration's manifest), each object's full-object checksums
+        are there too where the provider keeps any, even if its listing leaves them out (S3:
+        one HeadObject for each object its listing says has one); without, only what the
+        listing itself carries, at the cost of the listing alone (a whole tier's scan)."""
         ...
 
     def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:

@@ -44,7 +44,9 @@ class LocalStorage:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+    def list_prefix(self, prefix: str, *, checksums: bool = False) -> list[ObjectInfo]:
+        """A file system keeps no checksums: `checksums` finds none (reading every byte to
+        digest it is the job's, who wrote them, or a deep reconciliation's)."""
         base = self._path(prefix)
         if not base.is_dir():
             raise ObjectMissing(f"{prefix!r} is not a directory on this tier")

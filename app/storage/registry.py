@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from app.domain.provider import ProviderSettings
 from app.domain.tier import Tier
 from app.storage.base import Storage
 from app.storage.local import LocalStorage
@@ -26,6 +27,7 @@ class _Where(NamedTuple):
     path: str
     endpoint_url: str | None
     request_checksums: str
+    provider: ProviderSettings
 
 
 class StorageRegistry:
@@ -68,7 +70,12 @@ class StorageRegistry:
         """The adapter of `tier`, built on first use."""
         parsed = tier.parsed
         where = _Where(
-            parsed.scheme, parsed.bucket, parsed.path, tier.endpoint_url, tier.request_checksums
+            parsed.scheme,
+            parsed.bucket,
+            parsed.path,
+            tier.endpoint_url,
+            tier.request_checksums,
+            tier.provider,
         )
         with self._lock:
             adapter = self._kept(where)
@@ -130,9 +137,15 @@ class StorageRegistry:
                 endpoint_url=where.endpoint_url,
                 request_checksums=where.request_checksums,
                 client=make(where.endpoint_url, config),
+                provider=where.provider,
             )
             return s3, s3.client.close
         from app.storage.gcs import GcsStorage, shared_client
 
-        gcs = GcsStorage(where.bucket, where.path, client=(self._gcs_client or shared_client)())
+        gcs = GcsStorage(
+            where.bucket,
+            where.path,
+            client=(self._gcs_client or shared_client)(),
+            provider=where.provider,
+        )
         return gcs, None

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import google_crc32c
+from awscrt import checksums as crt_checksums
 
 from app import metrics
 from app.storage.base import MANIFEST_CHECKSUMS, ObjectInfo, Storage, join_key
 from app.storage.retry import in_this_context
 
-Entry = Mapping[str, Any]  # a manifest entry: path, size_bytes, optional sha256/crc32c
+Entry = Mapping[str, Any]  # a manifest entry: path, size_bytes, optional checksums
 READ_CHUNK = 1024 * 1024
 
 
@@ -84,6 +85,8 @@ class DigestingReader:
             if "crc32c" in algorithms
             else None
         )
+        # S3's CRC64NVME, from awscrt (botocore's own, for the same checksum)
+        self.crc64nvme: int | None = 0 if "crc64nvme" in algorithms else None
         self.count = 0
         self.position = 0  # relative to where `inner` stood at the start
         self.start = inner.tell() if self.seekable() else 0
@@ -106,6 +109,8 @@ class DigestingReader:
                     self.sha256.update(fresh)
                 if self.crc32c is not None:
                     self.crc32c.update(fresh)  # type: ignore[no-untyped-call]
+                if self.crc64nvme is not None:
+                    self.crc64nvme = int(crt_checksums.crc64nvme(fresh, self.crc64nvme))
         return data
 
     def seekable(self) -> bool:
@@ -129,6 +134,8 @@ class DigestingReader:
             out["sha256"] = self.sha256.hexdigest()
         if self.crc32c is not None:
             out["crc32c"] = self.crc32c.digest().hex()  # type: ignore[no-untyped-call]
+        if self.crc64nvme is not None:
+            out["crc64nvme"] = f"{self.crc64nvme:016x}"
         return out
 
     # upload() implementations only read; these make it pass for a binary file object
@@ -162,9 +169,12 @@ def mismatch(
 ) -> str | None:
     """Why the object at `key` does not match its manifest entry; None when it does.
 
-    Sizes always; checksums when the manifest knows them: the provider's own first, then
-    those digested while streaming, then a server-side copy's source fingerprints
-    (md5/etag/crc32c of the same provider), and reading the object only as a last resort.
+    Sizes always; checksums when the manifest knows them: the provider's own first (a
+    full-object checksum of the manifest's algorithm: no read), then those digested while
+    streaming, then a server-side copy's source fingerprints (a full-object checksum or MD5
+    both objects of the one provider report; a multipart ETag is never one), and reading
+    the object only as a last resort. A manifest without checksums still has a server-side
+    copy compared with its source where both report one of those fingerprints.
     """
     info = storage.head(key)
     if info is None:
@@ -172,8 +182,6 @@ def mismatch(
     if info.size_bytes != entry["size_bytes"]:
         return f"{key} has {info.size_bytes} bytes, the manifest says {entry['size_bytes']}"
     wanted = known_checksums(entry)
-    if not wanted:
-        return None
     checked = False
     for name in wanted:
         for found in (info.checksums.get(name), (streamed or {}).get(name)):
@@ -184,13 +192,15 @@ def mismatch(
     if checked:
         return None
     if source is not None:
-        common = [n for n in ("crc32c", "sha256", "md5") if n in source.checksums]
+        common = [n for n in ("crc64nvme", "crc32c", "sha256", "md5") if n in source.checksums]
         common = [n for n in common if n in info.checksums]
         if common:
             name = common[0]
             if source.checksums[name] != info.checksums[name]:
                 return f"{key} has {name} {info.checksums[name]}, its source has another"
             return None
+    if not wanted:
+        return None
     computed = compute_digests(storage, key, wanted)
     for name in wanted:
         if computed[name] != entry[name]:

@@ -177,6 +177,8 @@ def test_report(ckpt: Service) -> None:
         "rows": [],
         "total_bytes": 0,
         "total_usd_month": 0.0,
+        "deleted_billed_bytes": 0,
+        "deleted_billed_usd_month": 0.0,
         "prices": body["prices"],
     }
     assert set(body["prices"]) == {"hot", "warm", "cold", "archive"}
@@ -205,3 +207,43 @@ def test_without_matplotlib_the_forecast_says_which_extra_to_install(
 def test_the_command_knows_the_report_s_groups() -> None:
     """`--group-by` is checked before asking, against the groups the service offers."""
     assert cost.GROUPS == report.GROUPS
+
+
+def test_forecast_with_and_without_soft_delete(ckpt: Service) -> None:
+    """`--billed-after-delete hot=7d`: the worked example's 357 rolling deletes stay billed a
+    week each, 56 of them at run end (8 a day); `forever` is the API's null."""
+    args = ["forecast", "--checkpoint-bytes", "1e12", "--run-days", "45", "--price", "*=0.023"]
+
+    week = run(ckpt, *args, "--no-chart", "--billed-after-delete", "hot=7d")
+    forever = run(ckpt, *args, "--no-chart", "--json", "--billed-after-delete", "*=forever")
+
+    assert week.exit_code == 0, week.output
+    assert "at run end: 49.0 TB + 56.0 TB deleted, still billed, $2,415.00/month" in week.output
+    assert "deleted, billed" in week.output  # the table's column
+    assert forever.exit_code == 0, forever.output
+    body = json.loads(forever.stdout)
+    assert set(body["billed_after_delete"].values()) == {None}
+    assert body["series"][-1]["deleted_billed_bytes"] > 0
+
+
+def test_the_report_marks_what_is_deleted_but_billed(capsys: pytest.CaptureFixture[str]) -> None:
+    body = {
+        "group_by": "tier",
+        "rows": [
+            {"key": "hot", "name": None, "kind": "stored", "bytes": 10**12, "checkpoints": 1,
+             "trashed_bytes": 0, "usd_month": 23.0, "billed_until": None},
+            {"key": "hot", "name": None, "kind": "deleted_billed", "bytes": 2 * 10**12,
+             "checkpoints": 2, "trashed_bytes": 0, "usd_month": 46.0,
+             "billed_until": "2026-12-17T00:00:00Z"},
+        ],
+        "total_bytes": 3 * 10**12,
+        "total_usd_month": 69.0,
+        "deleted_billed_bytes": 2 * 10**12,
+        "deleted_billed_usd_month": 46.0,
+    }  # fmt: skip
+
+    cost.render_report(body)
+
+    out = capsys.readouterr().out
+    assert "hot (deleted, still billed)" in out
+    assert "total: 3.0 TB, $69.00/month, of which deleted but still billed: 2.0 TB, $46.00" in out

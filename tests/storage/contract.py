@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import google_crc32c
 import pytest
+from awscrt.checksums import crc64nvme
 
 from app.storage.base import (
     ArchivedObject,
@@ -294,6 +295,7 @@ class StorageContract:
             "md5": hashlib.md5(data).hexdigest(),
             "sha256": hashlib.sha256(data).hexdigest(),
             "crc32c": f"{google_crc32c.value(data):08x}",
+            "crc64nvme": f"{crc64nvme(data):016x}",
         }
         assert {n: v for n, v in info.checksums.items() if n in true} == {
             n: true[n] for n in info.checksums if n in true

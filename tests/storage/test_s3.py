@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import pytest
+from awscrt.checksums import crc64nvme as crc64nvme_of
 from botocore.utils import parse_timestamp
 
 from app.storage import retry
@@ -132,8 +133,9 @@ def test_small_objects_round_trip(storage: S3Storage, raw: S3Client, bucket: str
     assert raw.head_object(Bucket=bucket, Key="tier/ck/a.bin")["ContentLength"] == 5
     md5 = hashlib.md5(b"alpha").hexdigest()
     assert listed[0].checksums == {"etag": md5}
+    crc64nvme = f"{crc64nvme_of(b'alpha'):016x}"  # asked for by every upload
     assert storage.head("ck/a.bin") == ObjectInfo(
-        "ck/a.bin", 5, "STANDARD", {"etag": md5, "md5": md5}
+        "ck/a.bin", 5, "STANDARD", {"etag": md5, "md5": md5, "crc64nvme": crc64nvme}
     )
     assert read_all(storage, "ck/a.bin") == b"alpha"
     assert read_all(storage, "ck/sub/empty") == b""

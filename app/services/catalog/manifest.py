@@ -54,11 +54,13 @@ def file_entry(path: str, info: ObjectInfo) -> dict[str, Any]:
 def list_manifest(located: Located, storages: StorageRegistry) -> Listed:
     """List a checkpoint's files where it lives: every object under the uri's prefix, or
     the one object the uri names (a single-file checkpoint). Refuses a missing or empty
-    location."""
+    location. Each file's full-object checksums the provider keeps (GCS's crc32c, S3's
+    CRC64NVME, or a full-object CRC32C or SHA-256) are recorded with its size, so that
+    copies are verified against them without reading anything back."""
     storage = storages.storage_for(located.tier)
     try:
         try:
-            infos = storage.list_prefix(located.key)
+            infos = storage.list_prefix(located.key, checksums=True)
         except ObjectMissing:
             single = storage.head(located.key)
             if single is None:
@@ -135,7 +137,7 @@ def same_files(a: Manifest | None, b: Manifest | None) -> bool:
     for left, right in zip(a, b, strict=True):
         if left["path"] != right["path"] or left["size_bytes"] != right["size_bytes"]:
             return False
-        for checksum in ("sha256", "crc32c"):
+        for checksum in MANIFEST_CHECKSUMS:
             if checksum in left and checksum in right and left[checksum] != right[checksum]:
                 return False
     return True

@@ -1,10 +1,12 @@
 """What the cost endpoints and commands read before they compute: the policy a forecast
-replays (a stored one by name, or a document inline) and tier prices with what-if
-overrides. Raises Invalid naming the field at fault."""
+replays (a stored one by name, or a document inline), tier prices with what-if overrides,
+and how long each tier's provider bills deleted bytes, with what-if overrides too. Raises
+Invalid naming the field at fault."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,6 +20,7 @@ from app.cost.prices import (
     unknown_entry_message,
     with_figures,
 )
+from app.domain.duration import parse_duration
 from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.policy.schema import Policy
@@ -68,6 +71,35 @@ def tier_prices(
         quote = _override(prices[name], every or {}, field=f"prices.{EVERY_TIER}")
         prices[name] = _override(quote, own or {}, field=f"prices.{name}")
     return prices
+
+
+def tier_billing(
+    tiers: Sequence[Tier], overrides: Mapping[str, str | None] | None = None
+) -> dict[str, timedelta | None]:
+    """How long each tier's provider keeps billing deleted bytes (GCS soft delete, noncurrent
+    versions; None: for ever), as its provider settings say, with what-if overrides: a
+    duration (`0s`: a bucket that forgets at once) or None (for ever), per tier or `*` for
+    every tier, a tier's own entry winning over `*`. So one service answers the same
+    forecast with and without soft delete."""
+    billed = {t.name: t.provider.billed_after_delete for t in tiers}
+    overrides = overrides or {}
+    parsed: dict[str, timedelta | None] = {}
+    for name, value in overrides.items():
+        field = f"billed_after_delete.{name}"
+        if name != EVERY_TIER and name not in billed:
+            raise Invalid(
+                f"unknown tier {name!r}; configured tiers: {', '.join(billed)}", field=field
+            )
+        try:
+            parsed[name] = None if value is None else parse_duration(value)
+        except ValueError as error:
+            raise Invalid(str(error), field=field) from None
+    for name in billed:
+        if name in parsed:
+            billed[name] = parsed[name]
+        elif EVERY_TIER in parsed:
+            billed[name] = parsed[EVERY_TIER]
+    return billed
 
 
 def _override(quote: PriceQuote, override: Mapping[str, Any], *, field: str) -> PriceQuote:

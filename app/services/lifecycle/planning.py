@@ -7,7 +7,7 @@ import gc
 from collections import defaultdict
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TypedDict
 
@@ -21,6 +21,7 @@ from app.cost.early_deletion import (
     skip_costly_demotions,
 )
 from app.cost.prices import effective_price
+from app.cost.saving_start import saving_starts
 from app.db.models import Action, Run
 from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
@@ -29,6 +30,7 @@ from app.domain.tier import Tier
 from app.policy.engine import evaluate, select_policy
 from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
+from app.services.lifecycle.locks import current_locks, hold_back_locked
 from app.services.lifecycle.snapshot import load_scope
 
 # Work whose action failed (its attempts spent, say while a provider is down) is planned
@@ -182,9 +184,12 @@ def plan_catalog(
     policy: Policy | None = None,
     explain: bool = True,
     projects: Collection[str] | None = None,
+    trash_retention: timedelta | None = None,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
-    `projects` (a bounded caller's) narrows the whole catalog to those projects.
+    `projects` (a bounded caller's) narrows the whole catalog to those projects. Explained,
+    a delete or move off a tier that bills deleted bytes says in its reason when its saving
+    starts (after `trash_retention` and the tier's window; counted from the purge when None).
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -200,6 +205,7 @@ def plan_catalog(
             policy=policy,
             explain=explain,
             projects=projects,
+            trash_retention=trash_retention,
         )
 
 
@@ -226,17 +232,22 @@ def _plan(
     policy: Policy | None,
     explain: bool,
     projects: Collection[str] | None,
+    trash_retention: timedelta | None,
 ) -> CatalogPlan:
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
     # alone) rather than neither open nor visible in the catalog (and planned again).
     existing = _open_actions(session, run_id)
     failures = _failures(session, run_id)
+    locks, purges_waiting = current_locks(
+        session, now, project=project, run_id=run_id, projects=projects
+    )
     scope = load_scope(session, project=project, run_id=run_id, projects=projects)
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
     prices = {t.name: effective_price(t) for t in tiers}
-    plan = CatalogPlan()
+    billed = {t.name: t.provider.billed_after_delete for t in tiers}
+    plan = CatalogPlan(skipped=purges_waiting)
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
     costs: dict[tuple[str, str, str | None], ActionCost] = {}
     changes: dict[tuple[str, str, str | None], tuple[tuple[str, float], ...]] = {}
@@ -270,17 +281,22 @@ def _plan(
             resumed_by_active=scope.resumed_by_active,
         )
         actions, waiting = _not_yet_again(list(result.actions), failures, now)
+        actions, locked = hold_back_locked(actions, locks)
         if explain and actions:
             by_id = {c.id: c for c in checkpoints}
-            for a in actions:
+            for i, a in enumerate(actions):
                 checkpoint = by_id[a.checkpoint_id]
                 key = (a.checkpoint_id, a.kind, a.to_tier)
                 costs[key] = planned_action_cost(a, checkpoint, prices, now)
                 changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
+                note = saving_starts(a, checkpoint, billed, now, trash_retention)
+                if note is not None:  # the same usd_month, from later on
+                    actions[i] = replace(a, reason=f"{a.reason}; {note}")
         per_project[run.project].extend(actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
         plan.skipped.extend(waiting)
+        plan.skipped.extend(locked)
     for project_name, actions in per_project.items():
         # Deletes already in the ledger were weighed by the evaluation that made them.
         deletes = [

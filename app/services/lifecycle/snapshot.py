@@ -32,7 +32,7 @@ class Scope:
     project_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # count, bytes
 
 
-def _restrict(
+def restrict(
     stmt: Select,  # type: ignore[type-arg]
     project: str | None,
     run_id: str | None,
@@ -94,7 +94,7 @@ def load_scope(
         )
         for r in fetch_all(session, run_stmt)
     ]
-    ckpt_stmt = _restrict(
+    ckpt_stmt = restrict(
         select(
             Checkpoint.id,
             Checkpoint.run_id,
@@ -115,7 +115,7 @@ def load_scope(
         run_id,
         projects,
     )
-    replica_stmt = _restrict(
+    replica_stmt = restrict(
         select(Location.checkpoint_id, Location.tier)
         .join(Checkpoint, Checkpoint.id == Location.checkpoint_id)
         .where(Location.role == "replica", Checkpoint.state == CheckpointState.ACTIVE),
@@ -160,7 +160,7 @@ def load_scope(
         Run.status == RunStatus.ACTIVE, Run.resumed_from.is_not(None)
     )
     if run_id is not None or project is not None or projects is not None:
-        in_scope = _restrict(select(Checkpoint.id), project, run_id, projects)
+        in_scope = restrict(select(Checkpoint.id), project, run_id, projects)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
     resumed = {cid for (cid,) in fetch_all(session, resumed_stmt) if cid is not None}
     return Scope(

@@ -26,6 +26,7 @@ from app.domain.tier import Tier, locate
 from app.services.catalog import audit
 from app.services.catalog.overlap import find_overlap
 from app.services.lifecycle import ledger
+from app.services.lifecycle.billed import record_removed
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.placement import (
     files_base,
@@ -193,6 +194,11 @@ def transfer(ctx: Context, action_id: str) -> None:
             refuse_if_overlapping(session, source_uri, checkpoint_id, "remove the source")
         remove_location(source, source_uri_key, single_file)
         crash_point("transfer.source_removed")
+        source_tier = locate(source_uri, ctx.tiers).tier
+        if source_tier.provider.billed_after_delete != timedelta(0):
+            with session_scope(ctx.factory) as session:
+                checkpoint = load_checkpoint(session, checkpoint_id)
+                record_removed(session, action_id, checkpoint, source_tier, ctx.clock())
     ledger.finish(ctx.factory, action_id, ActionState.DONE, ctx.clock())
     crash_point("transfer.done")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app import metrics
@@ -15,6 +15,7 @@ from app.domain.states import ActionState, CheckpointState
 from app.services.catalog import audit
 from app.services.catalog.run_totals import add_active
 from app.services.lifecycle import ledger
+from app.services.lifecycle.billed import record_removed
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import add_action, failed_purges, open_action, purge_action
 from app.services.lifecycle.placement import refuse_if_overlapping, remove_location
@@ -25,13 +26,15 @@ from app.services.lifecycle.steps import Context, checkpoint_event, load_checkpo
 def enqueue_due_purges(
     session: Session, *, retention: timedelta, now: datetime, limit: int = 1000
 ) -> int:
-    """Create a purge for every trashed checkpoint whose trash period is over. A purge that
+    """Create a purge for every trashed checkpoint whose trash period is over and that no
+    provider lock keeps (locks.py: not before the lock's date). A purge that
     failed (refused because another checkpoint owns bytes there, say) is tried again only
     after a pause that doubles with each failure, not every 30 s."""
     cutoff = now - retention
     rows = session.execute(
         select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes)
         .where(Checkpoint.state == CheckpointState.TRASHED, Checkpoint.trashed_at <= cutoff)
+        .where(or_(Checkpoint.locked_until.is_(None), Checkpoint.locked_until <= now))
         .limit(limit)
     ).all()
     failed = failed_purges(session, [row[0] for row in rows])
@@ -115,6 +118,7 @@ def purge(ctx: Context, action_id: str) -> None:
         metrics.bytes_purged(checkpoint.size_bytes, [loc.tier for loc in checkpoint.locations])
         finished = session.get(Action, action_id)
         assert finished is not None
+        now = ctx.clock()
         checkpoint_event(
             ctx,
             session,
@@ -125,8 +129,9 @@ def purge(ctx: Context, action_id: str) -> None:
             after={"state": "deleted", "tier": None, "locations": []},
         )
         for loc in list(checkpoint.locations):
+            record_removed(session, action_id, checkpoint, ctx.tiers_by_name.get(loc.tier), now)
             session.delete(loc)
         checkpoint.state = CheckpointState.DELETED
         checkpoint.updated_by = action.actor
-        ledger.close(session, finished, ActionState.DONE, ctx.clock())
+        ledger.close(session, finished, ActionState.DONE, now)
     crash_point("purge.done")

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import metrics
 from app.domain.states import FINAL_STATES, ActionKind, ActionState
 from app.domain.tier import Tier
-from app.services.lifecycle import ledger, steps, trash
+from app.services.lifecycle import ledger, locks, steps, trash
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import MAX_ATTEMPTS
-from app.storage.base import StorageError, is_permanent
+from app.storage.base import ObjectLocked, StorageError, is_permanent
 from app.storage.registry import StorageRegistry
 from app.storage.retry import counting_retries
 from app.storage.transfer import VerificationFailed
@@ -123,6 +123,9 @@ class Worker:
         except (StorageError, OSError) as error:
             reason = f"{type(error).__name__}: {error}"
             if is_permanent(error):  # waiting will not heal it: fail now, not after 5 tries
+                if isinstance(error, ObjectLocked):  # not planned again before the date
+                    checkpoint_id = ledger.load(self.factory, action_id).checkpoint_id
+                    locks.record_refusal(self.factory, checkpoint_id, error, self.clock())
                 self._remove_partial_copy(action_id)
                 self._fail(action_id, reason)
                 return

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import io
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, TypeVar
@@ -20,6 +21,7 @@ from google.api_core import exceptions as api
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption
 
+from app.domain.provider import ProviderSettings
 from app.storage.base import (
     ObjectInfo,
     ObjectMissing,
@@ -32,6 +34,7 @@ from app.storage.base import (
     join_key,
     read_whole,
 )
+from app.storage.gcs import generations
 from app.storage.gcs.client import shared_client
 from app.storage.gcs.errors import PROVIDER_ERRORS, BatchUnsupported, translate
 from app.storage.limits import GCS_MAX_BATCH_CALLS, MiB, batched
@@ -95,6 +98,7 @@ class GcsStorage:
         chunk_size: int = 16 * MiB,
         concurrency: int = 8,
         client: storage.Client | None = None,
+        provider: ProviderSettings | None = None,
     ) -> None:
         if chunk_size <= 0 or chunk_size % RESUMABLE_ALIGNMENT:
             raise ValueError(f"chunk_size must be a positive multiple of 256 KiB: {chunk_size}")
@@ -104,6 +108,7 @@ class GcsStorage:
         self.prefix = prefix.strip("/")
         self.chunk_size = chunk_size
         self.concurrency = concurrency
+        self.provider = provider or ProviderSettings()
         self._client = client if client is not None else shared_client()
         self._bucket = self._client.bucket(bucket)
         # Cleared the first time the endpoint mangles a batch (fake-gcs-server does).
@@ -156,7 +161,9 @@ class GcsStorage:
     def same_service(self, other: Storage) -> bool:
         return isinstance(other, GcsStorage)  # rewrite copies between any two buckets
 
-    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
+    def list_prefix(self, prefix: str, *, checksums: bool = False) -> list[ObjectInfo]:
+        """GCS lists every object's crc32c (of the whole object, composed ones included):
+        `checksums` costs nothing more."""
         start = self._dir(prefix)
         blobs = self._list(prefix, _LIST_FIELDS)
         found = [
@@ -351,6 +358,8 @@ class GcsStorage:
         which this client never sends) and deletes nothing, so when a batch reply does not
         hold one answer per call this instance switches to parallel single deletes."""
         deleted = 0
+        sweep = self.provider.removes_versions
+        swept: set[str] = set()
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="gcs-delete") as pool:
             for chunk in batched(keys, GCS_MAX_BATCH_CALLS):
                 names = [self._name(key) for key in chunk]
@@ -358,6 +367,7 @@ class GcsStorage:
                     try:
                         self._delete_batch(names)
                         deleted += len(names)
+                        swept.update(names if sweep else ())
                         continue
                     except BatchUnsupported as error:
                         self._batch_deletes = False
@@ -368,6 +378,10 @@ class GcsStorage:
                 for _ in pool.map(in_this_context(self._delete_one), names):
                     pass
                 deleted += len(names)
+                swept.update(names if sweep else ())
+        if swept:  # a versioned bucket: the noncurrent generations go too
+            common = os.path.commonprefix(sorted(swept))  # noqa: RUF071 (a name prefix)
+            generations.remove_generations(self, common, swept)
         return deleted
 
     def _delete_one(self, name: str) -> None:

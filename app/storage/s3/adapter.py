@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from botocore.exceptions import ClientError
 
+from app.domain.provider import ProviderSettings
 from app.storage import limits
 from app.storage.base import (
     ObjectInfo,
@@ -23,8 +25,8 @@ from app.storage.base import (
 )
 from app.storage.limits import MiB
 from app.storage.retry import in_this_context, retrying
-from app.storage.s3 import listing
-from app.storage.s3.calls import head_checksums
+from app.storage.s3 import listing, versions
+from app.storage.s3.checksums import head_checksums, with_checksums, write_args
 from app.storage.s3.client import (
     DEFAULT_CONCURRENCY,
     checksum_mode,
@@ -69,6 +71,7 @@ class S3Storage(S3Multipart):
         single_put_max: int = SINGLE_PUT_MAX,
         concurrency: int = DEFAULT_CONCURRENCY,
         client: S3Client | None = None,
+        provider: ProviderSettings | None = None,
     ) -> None:
         checksums = checksum_mode(request_checksums)
         if not limits.S3_MIN_PART <= part_size <= limits.S3_MAX_SINGLE_PUT:
@@ -85,6 +88,7 @@ class S3Storage(S3Multipart):
         self.max_single_copy = max_single_copy
         self.single_put_max = min(single_put_max, limits.S3_MAX_SINGLE_PUT)
         self.concurrency = concurrency
+        self.provider = provider or ProviderSettings()
         if client is None:
             config = client_config(checksums, endpoint_url=endpoint_url, concurrency=concurrency)
             client = new_client(endpoint_url, config)
@@ -101,14 +105,24 @@ class S3Storage(S3Multipart):
         """One endpoint, one set of credentials: CopyObject works across its buckets."""
         return isinstance(other, S3Storage) and other.endpoint_url == self.endpoint_url
 
-    def list_prefix(self, prefix: str) -> list[ObjectInfo]:
-        found = list(self.iter_prefix(prefix))
-        if not found:
-            raise ObjectMissing(f"nothing under {self._url(self._dir(prefix))}")
+    def list_prefix(self, prefix: str, *, checksums: bool = False) -> list[ObjectInfo]:
+        """With `checksums`, a HeadObject for each object whose listing names a full-object
+        checksum (checksums.py: listings never carry the value)."""
+        directory = self._dir(prefix)
+        listed = list(self._listed(prefix))
+        if not listed:
+            raise ObjectMissing(f"nothing under {self._url(directory)}")
+        found = with_checksums(self, directory, listed) if checksums else [i for i, _ in listed]
         found.sort(key=lambda info: info.key)
         return found
 
     def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        return (info for info, _entry in self._listed(prefix, start_after))
+
+    def _listed(
+        self, prefix: str, start_after: str | None = None
+    ) -> Iterator[tuple[ObjectInfo, Mapping[str, Any]]]:
+        """Each listed object with its listing entry (which names checksum algorithms)."""
         directory = self._dir(prefix)
         what = f"ListObjectsV2 {self._url(directory)}"
 
@@ -131,13 +145,14 @@ class S3Storage(S3Multipart):
                 if any(part in ("", ".", "..") for part in relative.split("/")):
                     raise UnsafePath(f"{self._url(entry['Key'])} is no safe relative path")
                 etag = str(entry.get("ETag") or "").strip('"')
-                yield ObjectInfo(
+                info = ObjectInfo(
                     key=relative,
                     size_bytes=size,
                     storage_class=entry.get("StorageClass") or DEFAULT_CLASS,
                     checksums={"etag": etag} if etag else {},
                     modified=entry.get("LastModified"),
                 )
+                yield info, entry
 
     def prefix_exists(self, prefix: str) -> bool:
         directory = self._dir(prefix)
@@ -183,13 +198,16 @@ class S3Storage(S3Multipart):
         self, key: str, reader: BinaryIO, size: int, *, storage_class: str | None = None
     ) -> None:
         """One PutObject up to a part, multipart above: the bytes are read once, in order,
-        and each request is retried from the bytes in memory (at most `concurrency` parts)."""
+        and each request is retried from the bytes in memory (at most `concurrency` parts).
+        S3 is asked to keep a full-object CRC64NVME (checksums.write_args), which botocore
+        computes from the bytes sent and S3 checks on arrival."""
         if size < 0:
             raise ValueError(f"size {size} < 0")
         object_key = self._key(key)
         extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
+        single = {**extra, **write_args(self.request_checksums)}  # multipart: its own
         if size > self.part_size and is_seekable(reader) and size <= self.single_put_max:
-            self._put_streamed(object_key, reader, size, extra)
+            self._put_streamed(object_key, reader, size, single)
             return
         if size > self.part_size:
             self._upload_parts(object_key, reader, size, extra)
@@ -199,7 +217,9 @@ class S3Storage(S3Multipart):
         self._check_drained(reader, size, what)
         self._request(
             what,
-            partial(self.client.put_object, Bucket=self.bucket, Key=object_key, Body=data, **extra),
+            partial(
+                self.client.put_object, Bucket=self.bucket, Key=object_key, Body=data, **single
+            ),
         )
 
     def _put_streamed(
@@ -261,6 +281,9 @@ class S3Storage(S3Multipart):
         if size > self.max_single_copy:
             self._copy_parts(source_bucket, source_object, object_key, size, extra)
             return
+        # S3 computes the copy's CRC64NVME from the bytes it copies: a copy of a source whose
+        # bytes no longer match the manifest shows it without being read back.
+        extra.update(write_args(self.request_checksums))
         self._request(
             f"CopyObject {self._url(source_object, source_bucket)} to {self._url(object_key)}",
             partial(
@@ -285,8 +308,17 @@ class S3Storage(S3Multipart):
         self._copy(self.bucket, object_key, object_key, size, storage_class)
 
     def delete_keys(self, keys: Iterable[str]) -> int:
-        batches = limits.batched((self._key(key) for key in keys), limits.S3_MAX_DELETE_KEYS)
-        return sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        object_keys = [self._key(key) for key in keys]
+        if not object_keys:
+            return 0
+        common = os.path.commonprefix(object_keys)  # noqa: RUF071 (a key prefix, not a path)
+        if self.provider.object_lock is not None:
+            versions.refuse_if_locked(self, common, set(object_keys))
+        batches = limits.batched(object_keys, limits.S3_MAX_DELETE_KEYS)
+        deleted = sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        if not self.provider.keep_versions:
+            versions.remove_leftovers(self, common, set(object_keys))
+        return deleted
 
     def _delete_batch(self, object_keys: list[str]) -> int:
         """One DeleteObjects; a retry sends only the keys the previous answer reported."""
@@ -328,9 +360,15 @@ class S3Storage(S3Multipart):
         be fetched one after another; the deletes overlap them)."""
         if not prefix.strip("/"):
             raise UnsafePath("refusing to delete a tier's root")
-        pages = self._list_pages(self._dir(prefix))
+        directory = self._dir(prefix)
+        if self.provider.object_lock is not None:
+            versions.refuse_if_locked(self, directory)
+        pages = self._list_pages(directory)
         batches = ([entry["Key"] for entry in page] for page in pages)
-        return sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        deleted = sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        if not self.provider.keep_versions:
+            versions.remove_leftovers(self, directory)  # a purge means the bytes are gone
+        return deleted
 
     def abort_uploads(self, prefix: str) -> int:
         directory = self._dir(prefix)

@@ -1,6 +1,6 @@
 """The request plumbing every S3 operation shares: keys and URLs, one retried request, a
-bounded parallel run, HeadObject (and the checksums its answer vouches for), and
-ListObjectsV2 page by page.
+bounded parallel run, HeadObject (checksums.py says which checksums its answer vouches
+for), and ListObjectsV2 page by page.
 
 S3Storage is built in three layers so that none is too long to read whole: this one,
 the multipart transfers over it (multipart.S3Multipart), and the Storage protocol on top
@@ -9,9 +9,6 @@ the multipart transfers over it (multipart.S3Multipart), and the Storage protoco
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from functools import partial
@@ -30,36 +27,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 LIST_PAGE = 1000  # ListObjectsV2's own maximum; one page is one DeleteObjects batch
-_MD5 = re.compile(r"[0-9a-f]{32}")
-
-
-def head_checksums(head: Any) -> dict[str, str]:
-    """Fingerprints of a HeadObject answer. A plain ETag is the MD5 unless KMS or a
-    customer key encrypted the object; a SHA-256/CRC32C is only comparable with a manifest
-    when it covers the whole object, not the parts (composite, "<value>-<parts>")."""
-    found: dict[str, str] = {}
-    etag = str(head.get("ETag") or "").strip('"')
-    if etag:
-        found["etag"] = etag
-    encrypted = head.get("SSECustomerAlgorithm") or head.get("ServerSideEncryption") in (
-        "aws:kms",
-        "aws:kms:dsse",
-    )
-    if _MD5.fullmatch(etag) and not encrypted:
-        found["md5"] = etag
-    checksum_type = head.get("ChecksumType")
-    # Some servers (moto) send a multipart object's composite checksum with no "-N" and no
-    # ChecksumType: without FULL_OBJECT said outright, a multipart object's is not trusted.
-    full = checksum_type == "FULL_OBJECT" or (checksum_type is None and "-" not in etag)
-    for name, member in (("sha256", "ChecksumSHA256"), ("crc32c", "ChecksumCRC32C")):
-        value = head.get(member)
-        if not full or not value or "-" in value:
-            continue
-        try:
-            found[name] = base64.b64decode(value, validate=True).hex()
-        except (binascii.Error, ValueError):
-            continue
-    return found
 
 
 class S3Calls:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO, Generic, TypeVar
 
@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 from app.storage import limits
 from app.storage.base import ObjectMissing, StorageError
 from app.storage.limits import MiB
+from app.storage.s3 import checksums
 from app.storage.s3.calls import S3Calls
 from app.storage.s3.errors import error_code
 
@@ -64,10 +65,9 @@ class S3Multipart(S3Calls):
         self, object_key: str, reader: BinaryIO, size: int, extra: dict[str, Any]
     ) -> None:
         what = f"multipart upload to {self._url(object_key)}"
-        checksum = self.request_checksums == "when_supported"
-        if checksum:
-            # As s3transfer does: parts carry CRC32s that CompleteMultipartUpload lists.
-            extra = {**extra, "ChecksumAlgorithm": "CRC32"}
+        # Parts carry CRC64NVMEs that CompleteMultipartUpload lists, and S3 combines them
+        # into the whole object's (a composite checksum would match nothing).
+        extra = {**extra, **checksums.write_args(self.request_checksums, multipart=True)}
         upload_id = self._create_upload(object_key, extra, what)
         try:
 
@@ -109,7 +109,7 @@ class S3Multipart(S3Calls):
     ) -> CompletedPartTypeDef:
         extra: dict[str, Any] = {}
         if self.request_checksums == "when_supported":
-            extra["ChecksumAlgorithm"] = "CRC32"
+            extra["ChecksumAlgorithm"] = checksums.WRITE_ALGORITHM
 
         def send() -> Any:
             # A fresh file object each attempt, not bytes: botocore glues a bytes body to
@@ -125,8 +125,8 @@ class S3Multipart(S3Calls):
 
         response = self._request(f"UploadPart {number} of {self._url(object_key)}", send)
         part: CompletedPartTypeDef = {"PartNumber": number, "ETag": response["ETag"]}
-        if "ChecksumCRC32" in response:
-            part["ChecksumCRC32"] = response["ChecksumCRC32"]
+        if checksums.PART_MEMBER in response:
+            part[checksums.PART_MEMBER] = response[checksums.PART_MEMBER]
         return part
 
     def _complete(
@@ -208,6 +208,9 @@ class S3Multipart(S3Calls):
         ):
             if head.get(member):
                 extra = {member: head[member], **extra}
+        # S3 computes each copied part's CRC64NVME and combines them: the copy gets a
+        # full-object checksum comparable with its source's and the manifest's.
+        extra = {**extra, **checksums.write_args(self.request_checksums, multipart=True)}
         upload_id = self._create_upload(object_key, extra, what)
         try:
             preferred = max(self.part_size, min(self.max_single_copy, COPY_PART))
@@ -249,8 +252,12 @@ class S3Multipart(S3Calls):
                 CopySourceIfMatch=etag,
             ),
         )
-        part_etag = response.get("CopyPartResult", {}).get("ETag")
+        result: Mapping[str, Any] = response.get("CopyPartResult", {})
+        part_etag = result.get("ETag")
         if not part_etag:
             # rclone answers UploadPartCopy with 200 and copies nothing.
             raise StorageError(f"{what}: no ETag in the answer; the server copied no part")
-        return {"PartNumber": part.number, "ETag": part_etag}
+        completed: CompletedPartTypeDef = {"PartNumber": part.number, "ETag": part_etag}
+        if checksums.PART_MEMBER in result:  # AWS's; moto computes the whole at completion
+            completed[checksums.PART_MEMBER] = result[checksums.PART_MEMBER]
+        return completed

@@ -82,6 +82,7 @@ class FileEntry(_FileRequired, total=False):
 
     sha256: str
     crc32c: str
+    crc64nvme: str  # S3's full-object CRC64NVME, as a registration by listing records it
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ export async function overviewPage() {
         { class: "stats" },
         stat("Stored", bytes(byTier.total_bytes)),
         stat("Per month", usd(byTier.total_usd_month)),
+        byTier.deleted_billed_bytes ? stat("Deleted, still billed", `${bytes(byTier.deleted_billed_bytes)} · ${usd(byTier.deleted_billed_usd_month)}/month`) : null,
         stat("Held deletes", String(held.length)),
         stat("Actions in flight", String(running.items.length + pending.items.length)),
       ),
@@ -38,10 +39,17 @@ function stat(label, value) {
   return h("div", {}, h("div", { class: "muted small" }, label), h("div", { class: "stat" }, value));
 }
 
+// Bytes a provider still bills after a delete (soft delete, old versions) are rows of their
+// own kind, beside the group's stored row.
+function rowLabel(r) {
+  const name = r.name || r.key;
+  return r.kind === "deleted_billed" ? `${name} (deleted, still billed)` : name;
+}
+
 function costCard(title, report) {
   const colours = colourOf(report.rows.map((r) => r.key));
   const rows = report.rows.map((r) => ({
-    label: r.name || r.key,
+    label: rowLabel(r),
     value: r.bytes,
     note: `${usd(r.usd_month)}/month`,
     colour: colours.get(r.key),
@@ -53,7 +61,7 @@ function costCard(title, report) {
     rows.length ? barChart(rows, { label: `Bytes stored ${title.toLowerCase()}`, format: bytes }) : h("p", { class: "muted" }, "Nothing stored yet."),
     table(
       [
-        [title.split(" ")[1], (r) => r.name || r.key],
+        [title.split(" ")[1], rowLabel],
         ["Checkpoints", (r) => r.checkpoints.toLocaleString("en-US"), { num: true }],
         ["Bytes", (r) => bytes(r.bytes), { num: true }],
         ["Trashed", (r) => bytes(r.trashed_bytes), { num: true }],
