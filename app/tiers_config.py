@@ -160,6 +160,11 @@ def _check_provider_options(config: TierConfig, scheme: str) -> None:
         if getattr(config, option) not in (None, False) and scheme not in schemes:
             where = " and ".join(f"{s}://" for s in schemes)
             raise ValueError(f"{option} applies to {where} tiers only")
+    if config.object_lock is not None and config.request_checksums == "when_required":
+        raise ValueError(
+            "object_lock needs request_checksums: when_supported (S3 refuses an upload with "
+            "a retention period that carries no checksum)"
+        )
     if config.object_lock is not None and config.versioned is False:
         raise ValueError("object_lock needs a versioned bucket: S3 turns versioning on with it")
     versioned = bool(config.versioned) or config.object_lock is not None
@@ -212,8 +217,11 @@ def _to_tier(config: TierConfig, rank: int) -> Tier:
         rank=rank,
         storage_class=config.storage_class,
         endpoint_url=config.endpoint_url,
+        # Object Lock needs a checksum on every upload (S3 refuses one without)
         request_checksums=config.request_checksums
-        or ("when_required" if config.endpoint_url else "when_supported"),
+        or (
+            "when_required" if config.endpoint_url and not config.object_lock else "when_supported"
+        ),
         price=Price(**config.price.model_dump()),
         provider=_provider(config),
         detect=config.detect,

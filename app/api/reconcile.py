@@ -34,7 +34,7 @@ class DriftRead(BaseModel):
     problem: str = Field(
         description="`missing`, `overlap` (the location equals, contains or lies inside "
         "another live checkpoint's: see `other_checkpoint_id`), or what differs: size, "
-        "sha256 or crc32c"
+        "sha256, crc32c or crc64nvme"
     )
     other_checkpoint_id: str | None = Field(
         default=None, description="`overlap`: the checkpoint whose location it overlaps"

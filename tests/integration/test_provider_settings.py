@@ -59,8 +59,23 @@ def tiers_file(tmp_path: Path, **options: Any) -> Path:
         ({"keep_versions": True}, "applies to a versioned bucket"),
         ({"versioned": True, "noncurrent_expiry": "30d"}, "applies with keep_versions"),
         ({"soft_delete": "7 days"}, "malformed duration"),
+        (
+            {
+                "url": "s3://vault/ckpt",
+                "object_lock": {"mode": "COMPLIANCE", "retain": "30d"},
+                "request_checksums": "when_required",
+            },
+            "object_lock needs request_checksums: when_supported",
+        ),
     ],
-    ids=["autoclass-with-class", "lock-on-gcs", "keep-unversioned", "expiry-alone", "bad-duration"],
+    ids=[
+        "autoclass-with-class",
+        "lock-on-gcs",
+        "keep-unversioned",
+        "expiry-alone",
+        "bad-duration",
+        "lock-without-checksums",
+    ],
 )
 def test_contradictory_settings_are_refused_naming_the_field(
     tmp_path: Path, options: dict[str, Any], fragment: str

@@ -21,7 +21,6 @@ looked up again before it is called drift (it may have arrived after the listing
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -29,7 +28,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import google_crc32c
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -50,11 +48,11 @@ from app.storage.base import (
     Storage,
 )
 from app.storage.registry import StorageRegistry
+from app.storage.transfer import compute_digests
 
 log = logging.getLogger("app.reconcile")
 
 ORPHAN_GRACE = timedelta(hours=1)
-READ_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,22 +147,10 @@ def _checksum_problem(expected: dict[str, object], found: Mapping[str, str]) -> 
 def _read_checksums(storage: Storage, key: str, names: list[str]) -> dict[str, str]:
     """Digest an object's bytes: a deep scan, for tiers that report no checksum (local
     directories) or not the manifest's. An archived object cannot be read: not checked."""
-    sha, crc = hashlib.sha256(), 0
     try:
-        with storage.open_read(key) as stream:
-            while chunk := stream.read(READ_CHUNK):
-                if "sha256" in names:
-                    sha.update(chunk)
-                if "crc32c" in names:
-                    crc = int(google_crc32c.extend(crc, chunk))
+        return compute_digests(storage, key, names)
     except (ArchivedObject, ObjectMissing):
         return {}
-    found = {}
-    if "sha256" in names:
-        found["sha256"] = sha.hexdigest()
-    if "crc32c" in names:
-        found["crc32c"] = f"{crc:08x}"
-    return found
 
 
 def scan(

@@ -21,11 +21,12 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db.models import Action, Checkpoint, Location, Project, Run
 from app.db.session import session_scope
+from app.domain.duration import format_instant
 from app.domain.states import ActionKind, ActionState, CheckpointState, LocationRole
 from app.domain.tier import Tier, locate
 from app.services.catalog import audit
 from app.services.catalog.overlap import find_overlap
-from app.services.lifecycle import ledger
+from app.services.lifecycle import ledger, locks
 from app.services.lifecycle.billed import record_removed
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.placement import (
@@ -342,5 +343,10 @@ def switch(ctx: Context, action_id: str, dest_uri: str) -> None:
         if after:  # not when a resumed action had switched already
             event = {"move": "moved", "copy": "copied"}.get(action.kind, "restored")
             checkpoint_event(ctx, session, action, checkpoint, event, before=before, after=after)
+        lock = tier.provider.object_lock
+        if lock is not None and after:  # written locked (S3Calls._placement): keep it so
+            until = ctx.clock() + lock.retain
+            why = f"written under Object Lock ({lock.mode}) on {tier.name}"
+            locks.lock(session, checkpoint.id, until, f"{why} until {format_instant(until)}")
         checkpoint.updated_by = action.actor
         ledger.mark_step(action, "switched", ctx.clock())

@@ -204,7 +204,7 @@ class S3Storage(S3Multipart):
         if size < 0:
             raise ValueError(f"size {size} < 0")
         object_key = self._key(key)
-        extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
+        extra = self._placement(storage_class)
         single = {**extra, **write_args(self.request_checksums)}  # multipart: its own
         if size > self.part_size and is_seekable(reader) and size <= self.single_put_max:
             self._put_streamed(object_key, reader, size, single)
@@ -277,7 +277,7 @@ class S3Storage(S3Multipart):
         size: int,
         storage_class: str | None,
     ) -> None:
-        extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
+        extra = self._placement(storage_class)
         if size > self.max_single_copy:
             self._copy_parts(source_bucket, source_object, object_key, size, extra)
             return

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
+from app.domain.provider import ProviderSettings
 from app.storage.base import ObjectMissing, StorageError, join_key
 from app.storage.retry import in_this_context, retrying
 from app.storage.s3.client import ChecksumMode
@@ -41,6 +43,17 @@ class S3Calls:
     single_put_max: int
     concurrency: int
     client: S3Client
+    provider: ProviderSettings
+
+    def _placement(self, storage_class: str | None) -> dict[str, Any]:
+        """What every object the service writes here carries: its class, and on a tier
+        with `object_lock` the lock, retained from now for the tier's `retain`."""
+        extra: dict[str, Any] = {"StorageClass": storage_class} if storage_class else {}
+        lock = self.provider.object_lock
+        if lock is not None:
+            extra["ObjectLockMode"] = lock.mode
+            extra["ObjectLockRetainUntilDate"] = datetime.now(UTC) + lock.retain
+        return extra
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
