@@ -6,6 +6,7 @@ checkpoint is deleted on a tier that says it locks."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -161,6 +162,10 @@ def test_keep_versions_leaves_the_old_versions_to_the_buckets_lifecycle_and_bill
         assert billed.billed_until is not None
         assert before + timedelta(days=30) <= billed.billed_until
         assert billed.billed_until <= datetime.now(UTC) + timedelta(days=30)
+    report = client.get("/v1/reports/cost", params={"group_by": "tier"}).json()
+    [row] = [r for r in report["rows"] if r["kind"] == "deleted_billed"]
+    assert (row["key"], row["bytes"]) == ("hot", checkpoint["size_bytes"])
+    assert report["deleted_billed_bytes"] == checkpoint["size_bytes"]
 
 
 @pytest.mark.parametrize("bucket", [True], indirect=True)
@@ -243,6 +248,40 @@ def test_retention_refuses_the_whole_purge_and_the_plan_skips_it_until_the_date(
         assert enqueue_due_purges(session, retention=timedelta(0), now=soon) == 0
         assert enqueue_due_purges(session, retention=timedelta(0), now=after) == 1
     assert fetch_checkpoint(client, other["id"])["state"] == "active"
+
+
+@pytest.mark.parametrize("bucket", [True], indirect=True)
+def test_compliance_retention_fails_once_and_the_purge_succeeds_after_the_date(
+    client: TestClient, app: FastAPI, bucket: Bucket
+) -> None:
+    """COMPLIANCE cannot be shortened by anyone: the purge fails once naming the date,
+    nothing is tried again before it, and the first purge after it removes every version
+    (the retention here ends a few seconds after the write, and the test waits for it)."""
+    until = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+    run = make_run(client)
+    checkpoint = register(
+        client,
+        run,
+        1,
+        bucket.write(1, ObjectLockMode="COMPLIANCE", ObjectLockRetainUntilDate=until),
+    )
+
+    delete_and_purge(client, app, checkpoint["id"])
+
+    [failed] = purges(client, checkpoint["id"])
+    assert failed["state"] == "failed" and failed["attempts"] == 1
+    assert f"retained by Object Lock until {until:%Y-%m-%dT%H:%M:%SZ}" in failed["error"]
+    with session_scope(app.state.session_factory) as session:
+        assert enqueue_due_purges(session, retention=timedelta(0), now=datetime.now(UTC)) == 0
+
+    time.sleep(max(0.0, (until - datetime.now(UTC)).total_seconds()) + 1)
+    with session_scope(app.state.session_factory) as session:
+        assert enqueue_due_purges(session, retention=timedelta(0), now=datetime.now(UTC)) == 1
+    make_executor(app, trash_retention=timedelta(0)).drain()
+
+    assert sorted(p["state"] for p in purges(client, checkpoint["id"])) == ["done", "failed"]
+    assert fetch_checkpoint(client, checkpoint["id"])["state"] == "deleted"
+    assert bucket.versions(f"{RUN}/step-1") == []
 
 
 def skipped_reasons(app: FastAPI, now: datetime) -> dict[str, str]:

@@ -3,7 +3,7 @@ then a purge removes them from every location."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -29,26 +29,39 @@ def enqueue_due_purges(
     """Create a purge for every trashed checkpoint whose trash period is over and that no
     provider lock keeps (locks.py: not before the lock's date). A purge that
     failed (refused because another checkpoint owns bytes there, say) is tried again only
-    after a pause that doubles with each failure, not every 30 s."""
+    after a pause that doubles with each failure, not every 30 s; one that failed for a lock
+    is tried again as its date passes."""
     cutoff = now - retention
     rows = session.execute(
-        select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes)
+        select(Checkpoint.id, Checkpoint.run_id, Checkpoint.size_bytes, Checkpoint.locked_until)
         .where(Checkpoint.state == CheckpointState.TRASHED, Checkpoint.trashed_at <= cutoff)
         .where(or_(Checkpoint.locked_until.is_(None), Checkpoint.locked_until <= now))
         .limit(limit)
     ).all()
     failed = failed_purges(session, [row[0] for row in rows])
     created = 0
-    for checkpoint_id, run_id, size in rows:
+    for checkpoint_id, run_id, size, locked_until in rows:
         if open_action(session, checkpoint_id, "purge", None) is not None:
             continue
         failures = failed.get(checkpoint_id)
-        if failures is not None and failures[1] + replan_after(failures[0]) > now:
+        lock_ended = (
+            locked_until is not None and failures is not None and failures[1] < _utc(locked_until)
+        )
+        if (
+            failures is not None
+            and not lock_ended
+            and failures[1] + replan_after(failures[0]) > now
+        ):
             continue
         add_action(session, purge_action(session, checkpoint_id, run_id, size, now), now)
         created += 1
     session.flush()
     return created
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes from a Core row; the catalog stores UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def delete(ctx: Context, action_id: str) -> None:
