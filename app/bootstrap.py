@@ -13,6 +13,7 @@ from app.db.session import session_scope
 from app.domain.access import ALL_PROJECTS, BOOTSTRAP_ACTOR, POLICY_FILES_ACTOR
 from app.domain.tier import Tier
 from app.policy.loading import load_policy_files
+from app.services.catalog.due_runs import mark_all
 from app.services.catalog.policies import store_policy
 from app.services.catalog.tokens import count_live_admin_tokens, ensure_token
 from app.settings import Settings
@@ -30,6 +31,8 @@ def load_policies_into(
             store_policy(
                 session, policy, source=str(path), actor=POLICY_FILES_ACTOR, now=datetime.now(UTC)
             )
+        # The tiers (their ranks) may differ from the last start's: the next sweep is whole.
+        mark_all(session, datetime.now(UTC))
 
 
 def bootstrap_token(factory: sessionmaker[Session], settings: Settings) -> None:

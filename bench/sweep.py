@@ -38,6 +38,7 @@ from app.db.migrate import upgrade  # noqa: E402
 from app.db.session import make_engine, make_session_factory  # noqa: E402
 from app.domain.tier import Tier  # noqa: E402
 from app.policy.loading import validate_policy  # noqa: E402
+from app.services.catalog.due_runs import due_run_ids  # noqa: E402
 from app.services.catalog.policies import store_policy  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
 from app.services.lifecycle.sweep import run_sweep  # noqa: E402
@@ -149,6 +150,44 @@ def load_runs(
     return ids
 
 
+def fetch_plan_rows(conn: psycopg.Connection[Any]) -> float:
+    """The peer of a full plan: psycopg fetching the rows the plan reads, nothing else."""
+    t0 = time.perf_counter()
+    rows = conn.execute(
+        "SELECT c.id, c.run_id, c.step, c.class, c.size_bytes, c.created_at, c.metrics, "
+        "c.pinned, l.tier, c.protected_until FROM checkpoints c LEFT JOIN locations l "
+        "ON l.checkpoint_id = c.id AND l.role = 'primary' WHERE c.state = 'active'"
+    ).fetchall()
+    took = time.perf_counter() - t0
+    assert rows, "the catalog is empty"
+    return took
+
+
+def incremental_sweep(
+    conn: psycopg.Connection[Any],
+    factory: Any,
+    run_ids: list[str],
+    now: datetime,
+    rng: random.Random,
+) -> tuple[float, int]:
+    """A periodic sweep in which 1 % of the runs are due: every run evaluated and not due
+    again for a day, then 1 % marked (as a finished action marks its run); times the sweep
+    and checks it evaluated exactly those (none is due afterwards)."""
+    conn.execute("UPDATE runs SET next_due_at = %s", (now + timedelta(days=1),))
+    due = rng.sample(run_ids, max(1, len(run_ids) // 100))
+    conn.execute("UPDATE runs SET next_due_at = %s WHERE id = ANY(%s)", (now, due))
+    conn.commit()
+    with factory() as session:
+        assert sorted(due_run_ids(session, now)) == sorted(due)
+    t0 = time.perf_counter()
+    run_sweep(factory, tiers=TIERS, now=now, trigger="schedule", due_only=True)
+    took = time.perf_counter() - t0
+    with factory() as session:
+        left = due_run_ids(session, now)
+    assert left == [], f"{len(left)} runs still due after the sweep"
+    return took, len(due)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -193,6 +232,8 @@ def main() -> None:
                     t0 = time.perf_counter()
                     plan = plan_catalog(session, tiers=TIERS, now=now)
                     plan_s = time.perf_counter() - t0
+                fetch_s = fetch_plan_rows(conn)
+                incremental_s, due_count = incremental_sweep(conn, factory, run_ids, now, rng)
                 sample = rng.sample(run_ids, min(args.samples, len(run_ids)))
                 single = []
                 for run_id in sample:
@@ -205,6 +246,10 @@ def main() -> None:
                     "runs": len(run_ids),
                     "load_s": round(load_s, 1),
                     "full_plan_s": round(plan_s, 2),
+                    "psycopg_fetch_s": round(fetch_s, 2),
+                    "full_plan_over_fetch": round(plan_s / fetch_s, 2),
+                    "incremental_sweep_s": round(incremental_s, 3),
+                    "incremental_due_runs": due_count,
                     "planned_actions": len(plan.items),
                     "kept": len(plan.kept),
                     "single_run_p50_ms": round(statistics.median(single), 1),

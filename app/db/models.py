@@ -58,6 +58,7 @@ class Run(Base):
         Index("ix_runs_status_ended_at", "status", "ended_at"),
         Index("ix_runs_resumed_from", "resumed_from"),
         Index("ix_runs_evaluate_requested_at", "evaluate_requested_at"),
+        Index("ix_runs_next_due_at", "next_due_at"),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -76,6 +77,10 @@ class Run(Base):
     # Set by a registration, commit or update: the run's policy must be evaluated again.
     # Durable, so any scheduler replica picks it up and a crash loses no request.
     evaluate_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When the periodic sweep evaluates the run next (app.policy.due): the next instant its
+    # plan can change by the clock, or the time of an event that may have changed it (an
+    # action that finished, a policy edit); NULL until first evaluated (due).
+    next_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
     updated_by: Mapped[str | None] = mapped_column(ACTOR, nullable=True)
 

@@ -19,6 +19,9 @@ class RunSnapshot:
     policy: str | None = None
     resumed_from: str | None = None
     ended_at: datetime | None = None
+    # When the run's plan can next change by the clock (policy.due): read with the run, so
+    # an evaluation writes its new value only if nothing marked the run since.
+    next_due_at: datetime | None = None
 
 
 class CheckpointSnapshot(NamedTuple):

@@ -162,6 +162,7 @@ class Runtime:
                 now=_now(),
                 trigger="schedule",
                 actor=SCHEDULER_ACTOR,
+                due_only=True,
             )
         except Exception:
             log.exception("sweep failed")

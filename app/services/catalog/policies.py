@@ -18,6 +18,7 @@ from app.domain.errors import NotFound
 from app.policy.loading import describe, resolve, to_document
 from app.policy.schema import Policy
 from app.services.catalog import audit
+from app.services.catalog.due_runs import mark_all
 
 log = logging.getLogger("app.policies")
 
@@ -57,12 +58,14 @@ def store_policy(
         _audit(
             session, row.name, "created", actor, now, None, {"document": document, "source": source}
         )
+        mark_all(session, now)  # a new policy may govern any run
         return row
     before = {"document": row.document}
     row.document, row.source, row.updated_at, row.updated_by = document, source, now, actor
     session.flush()
     if before["document"] != document:
         _audit(session, row.name, "updated", actor, now, before, {"document": document})
+        mark_all(session, now)
     return row
 
 
@@ -104,7 +107,9 @@ def delete_policy(session: Session, name: str, *, actor: str, now: datetime | No
     before = {"document": row.document, "source": row.source}
     session.delete(row)
     session.flush()
-    _audit(session, name, "deleted", actor, now or datetime.now(UTC), before, None)
+    at = now or datetime.now(UTC)
+    _audit(session, name, "deleted", actor, at, before, None)
+    mark_all(session, at)
     log.info("policy deleted", extra={"policy": name, "actor": actor})
 
 

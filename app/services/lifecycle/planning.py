@@ -27,6 +27,7 @@ from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
 from app.domain.states import OPEN_STATES, ActionKind, ActionState
 from app.domain.tier import Tier
+from app.policy.due import next_change
 from app.policy.engine import evaluate, select_policy
 from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
@@ -79,6 +80,8 @@ class CatalogPlan:
     items: list[PlanItem] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # (run id, next_due_at as read, next change by the clock) of each run, when asked
+    next_due: list[tuple[str, datetime | None, datetime | None]] = field(default_factory=list)
 
     def fees_usd(self) -> float:
         """The one-off charges of every planned action whose cost was computed."""
@@ -174,6 +177,19 @@ def _not_yet_again(
     return keep, wait
 
 
+def _waits(
+    failures: dict[tuple[str, str, str | None], tuple[int, datetime]],
+    locks: dict[str, tuple[datetime, str]],
+) -> dict[str, list[datetime]]:
+    """Per checkpoint, the instants its failed work is planned again and its lock ends."""
+    found: dict[str, list[datetime]] = defaultdict(list)
+    for (checkpoint_id, _kind, _to), (count, last) in failures.items():
+        found[checkpoint_id].append(last + replan_after(count))
+    for checkpoint_id, (until, _why) in locks.items():
+        found[checkpoint_id].append(until)
+    return found
+
+
 def plan_catalog(
     session: Session,
     *,
@@ -185,11 +201,15 @@ def plan_catalog(
     explain: bool = True,
     projects: Collection[str] | None = None,
     trash_retention: timedelta | None = None,
+    run_ids: Collection[str] | None = None,
+    due: bool = False,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
     `projects` (a bounded caller's) narrows the whole catalog to those projects. Explained,
     a delete or move off a tier that bills deleted bytes says in its reason when its saving
     starts (after `trash_retention` and the tier's window; counted from the purge when None).
+    `run_ids` (a periodic sweep's due runs) narrows it to those runs; with `due`, the plan
+    also says when each run's plan can next change by the clock (`next_due`).
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -206,6 +226,8 @@ def plan_catalog(
             explain=explain,
             projects=projects,
             trash_retention=trash_retention,
+            run_ids=run_ids,
+            due=due,
         )
 
 
@@ -233,6 +255,8 @@ def _plan(
     explain: bool,
     projects: Collection[str] | None,
     trash_retention: timedelta | None,
+    run_ids: Collection[str] | None,
+    due: bool,
 ) -> CatalogPlan:
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
@@ -242,7 +266,8 @@ def _plan(
     locks, purges_waiting = current_locks(
         session, now, project=project, run_id=run_id, projects=projects
     )
-    scope = load_scope(session, project=project, run_id=run_id, projects=projects)
+    scope = load_scope(session, project=project, run_id=run_id, projects=projects, run_ids=run_ids)
+    waits = _waits(failures, locks) if due else {}
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
     ranks = {t.name: t.rank for t in tiers}
     prices = {t.name: effective_price(t) for t in tiers}
@@ -254,6 +279,10 @@ def _plan(
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
+        if due:
+            also = [t for c in checkpoints for t in waits.get(c.id, ())]
+            found = next_change(governing, run, checkpoints, now, also)
+            plan.next_due.append((run.id, run.next_due_at, found))
         if governing is None:
             if not explain:
                 continue

@@ -37,7 +37,10 @@ def restrict(
     project: str | None,
     run_id: str | None,
     projects: Collection[str] | None = None,
+    run_ids: Collection[str] | None = None,
 ) -> Select:  # type: ignore[type-arg]
+    if run_ids is not None:
+        return stmt.where(Checkpoint.run_id.in_(sorted(run_ids)))
     if run_id is not None:
         return stmt.where(Checkpoint.run_id == run_id)
     if project is not None:
@@ -60,6 +63,7 @@ def load_scope(
     project: str | None = None,
     run_id: str | None = None,
     projects: Collection[str] | None = None,
+    run_ids: Collection[str] | None = None,
 ) -> Scope:
     """Runs in scope (one run, one project, the projects of `projects`, or the whole catalog;
     the narrowest given wins) with their active
@@ -74,8 +78,11 @@ def load_scope(
         Run.policy,
         Run.resumed_from,
         Run.ended_at,
+        Run.next_due_at,
     ).join(Project, Project.id == Run.project_id)
-    if run_id is not None:
+    if run_ids is not None:  # the runs a periodic sweep found due
+        run_stmt = run_stmt.where(Run.id.in_(sorted(run_ids)))
+    elif run_id is not None:
         run_stmt = run_stmt.where(Run.id == run_id)
     elif project is not None:
         run_stmt = run_stmt.where(Project.name == project)
@@ -91,6 +98,7 @@ def load_scope(
             policy=r[5],
             resumed_from=r[6],
             ended_at=r[7],
+            next_due_at=_utc(r[8]),
         )
         for r in fetch_all(session, run_stmt)
     ]
@@ -114,6 +122,7 @@ def load_scope(
         project,
         run_id,
         projects,
+        run_ids,
     )
     replica_stmt = restrict(
         select(Location.checkpoint_id, Location.tier)
@@ -122,6 +131,7 @@ def load_scope(
         project,
         run_id,
         projects,
+        run_ids,
     )
     replicas: dict[str, set[str]] = defaultdict(set)
     for checkpoint_id, tier in fetch_all(session, replica_stmt):
@@ -159,8 +169,8 @@ def load_scope(
     resumed_stmt = select(Run.resumed_from).where(
         Run.status == RunStatus.ACTIVE, Run.resumed_from.is_not(None)
     )
-    if run_id is not None or project is not None or projects is not None:
-        in_scope = restrict(select(Checkpoint.id), project, run_id, projects)
+    if run_id is not None or project is not None or projects is not None or run_ids is not None:
+        in_scope = restrict(select(Checkpoint.id), project, run_id, projects, run_ids)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
     resumed = {cid for (cid,) in fetch_all(session, resumed_stmt) if cid is not None}
     return Scope(

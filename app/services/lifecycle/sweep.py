@@ -19,8 +19,9 @@ from app.domain.states import ActionState
 from app.domain.tier import Tier
 from app.policy.schema import Policy
 from app.services.catalog import audit
+from app.services.catalog.due_runs import due_run_ids, record_next_due
 from app.services.lifecycle.ledger import new_action
-from app.services.lifecycle.planning import plan_catalog
+from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 
@@ -42,6 +43,7 @@ def run_sweep(
     run_id: str | None = None,
     policy: Policy | None = None,
     answers_request: datetime | None = None,
+    due_only: bool = False,
 ) -> tuple[str, list[str]]:
     """Evaluate and write every planned action to the ledger; returns (sweep id, action ids).
     The sweep records `actor` (who started it: the scheduler unless a person or a token did);
@@ -53,19 +55,31 @@ def run_sweep(
     one. Planned deletes beyond the blast radius are created `held`. Commits before returning.
     A registration-triggered evaluation that adds nothing leaves no sweep row behind.
     Every new action is audited (one statement for all of them), as its rule.
+
+    With `due_only` (the periodic sweep) only the runs whose plan may have changed are
+    evaluated (catalog.due_runs); every evaluation under the governing policies writes when
+    each run it evaluated is due again.
     """
     session = factory()
     try:
         with evaluation_lock(session):
-            plan = plan_catalog(
-                session,
-                tiers=tiers,
-                now=now,
-                project=project,
-                run_id=run_id,
-                policy=policy,
-                explain=False,
+            run_ids = _due(session, now) if due_only else None
+            plan = (
+                plan_catalog(
+                    session,
+                    tiers=tiers,
+                    now=now,
+                    project=project,
+                    run_id=run_id,
+                    policy=policy,
+                    explain=False,
+                    run_ids=run_ids,
+                    due=policy is None,
+                )
+                if run_ids != []
+                else CatalogPlan()
             )
+            record_next_due(session, plan.next_due)
             sweep = Sweep(
                 id=new_id("swp"),
                 trigger=trigger,
@@ -119,6 +133,17 @@ def run_sweep(
         raise
     finally:
         session.close()
+
+
+# Beyond this many due runs (after a policy edit, say) a sweep plans the whole catalog
+# rather than name every run in one statement.
+WHOLE_CATALOG_ABOVE = 2000
+
+
+def _due(session: Session, now: datetime) -> list[str] | None:
+    """The due runs, or None to plan every run."""
+    due = due_run_ids(session, now)
+    return None if len(due) > WHOLE_CATALOG_ABOVE else due
 
 
 def requested_evaluations(

@@ -15,6 +15,7 @@ from app.db.models import Action
 from app.db.session import session_scope
 from app.domain.states import ActionState
 from app.services.catalog import audit
+from app.services.catalog.due_runs import mark_changed
 
 LEASE = timedelta(seconds=30)
 MAX_ATTEMPTS = 5
@@ -151,6 +152,7 @@ def close(
     action.updated_at = now
     action.lease_owner = None
     action.lease_until = None
+    mark_changed(session, action.run_id, now)  # the run's plan may differ now
 
 
 def finish(
@@ -181,6 +183,7 @@ def retry(factory: sessionmaker[Session], action_id: str, error: str, now: datet
         if action.attempts >= MAX_ATTEMPTS:
             action.state = ActionState.FAILED
             action.finished_at = now
+            mark_changed(session, action.run_id, now)  # planned again after a backoff
             after: dict[str, object] = {"state": "failed", "error": error}
         else:
             action.state = ActionState.PENDING

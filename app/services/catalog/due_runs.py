@@ -1,0 +1,72 @@
+"""Which runs the periodic sweep evaluates: those whose plan may have changed.
+
+A run's `next_due_at` is the next instant its plan can change by the clock (app.policy.due),
+written by each evaluation of the run; anything else that may change a plan sets it to the
+moment it happened: an action that finished (a move puts the checkpoint on another tier, a
+failure is planned again later), a policy edit (every run), a restart (tiers and policy
+files may differ). Registrations, commits, pins and status changes ask for the run's own
+evaluation (`evaluate_requested_at`), which writes its next due time as any evaluation does.
+
+An evaluation writes the new time only where `next_due_at` still holds what the evaluation
+read with the run: an event marking the run meanwhile wins, and the next sweep sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import Run
+
+# "Never by the clock alone": later than any threshold a policy can name.
+NEVER = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def due_run_ids(session: Session, now: datetime) -> list[str]:
+    """Runs to evaluate at `now`: never evaluated, marked, or a threshold reached."""
+    stmt = select(Run.id).where(or_(Run.next_due_at.is_(None), Run.next_due_at <= now))
+    return list(session.scalars(stmt))
+
+
+def mark_changed(session: Session, run_id: str, at: datetime) -> None:
+    """Something that may change the run's plan happened `at`: due at the next sweep."""
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id)
+        .values(next_due_at=at)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def mark_all(session: Session, at: datetime) -> None:
+    """Every run due (a policy edit, a restart): the next sweep is a full one."""
+    session.execute(update(Run).values(next_due_at=at).execution_options(synchronize_session=False))
+
+
+def record_next_due(
+    session: Session, evaluated: Iterable[tuple[str, datetime | None, datetime | None]]
+) -> None:
+    """(run id, next_due_at as read, next change found) of each run evaluated: write the
+    change found (NEVER for none) where nothing marked the run since it was read."""
+    unchanged: list[dict[str, object]] = []
+    first: list[dict[str, object]] = []
+    for run_id, seen, found in evaluated:
+        row: dict[str, object] = {"rid": run_id, "seen": seen, "due": found or NEVER}
+        (first if seen is None else unchanged).append(row)
+    table = Run.metadata.tables["runs"]
+    if unchanged:
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("rid"), table.c.next_due_at == bindparam("seen"))
+            .values(next_due_at=bindparam("due")),
+            unchanged,
+        )
+    if first:
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("rid"), table.c.next_due_at.is_(None))
+            .values(next_due_at=bindparam("due")),
+            [{"rid": r["rid"], "due": r["due"]} for r in first],
+        )
