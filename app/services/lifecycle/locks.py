@@ -57,6 +57,7 @@ def current_locks(
     project: str | None = None,
     run_id: str | None = None,
     projects: Collection[str] | None = None,
+    run_ids: Collection[str] | None = None,
 ) -> tuple[dict[str, Lock], list[Skipped]]:
     """Checkpoints of the scope locked at `now`, with until when and why; and the trashed
     ones among them as the plan lists them: their purge waits for the date."""
@@ -67,6 +68,7 @@ def current_locks(
         project,
         run_id,
         projects,
+        run_ids,
     )
     locks: dict[str, Lock] = {}
     waiting: list[Skipped] = []

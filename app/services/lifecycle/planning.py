@@ -264,7 +264,7 @@ def _plan(
     existing = _open_actions(session, run_id)
     failures = _failures(session, run_id)
     locks, purges_waiting = current_locks(
-        session, now, project=project, run_id=run_id, projects=projects
+        session, now, project=project, run_id=run_id, projects=projects, run_ids=run_ids
     )
     scope = load_scope(session, project=project, run_id=run_id, projects=projects, run_ids=run_ids)
     waits = _waits(failures, locks) if due else {}
