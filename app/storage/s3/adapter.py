@@ -16,15 +16,13 @@ from app.storage import limits
 from app.storage.base import (
     ObjectInfo,
     ObjectMissing,
-    PermissionDenied,
     RestoreState,
     Storage,
     StorageError,
-    TransientError,
     UnsafePath,
 )
 from app.storage.limits import MiB
-from app.storage.retry import in_this_context, retrying
+from app.storage.retry import in_this_context
 from app.storage.s3 import listing, versions
 from app.storage.s3.checksums import head_checksums, with_checksums, write_args
 from app.storage.s3.client import (
@@ -34,7 +32,7 @@ from app.storage.s3.client import (
     new_client,
     normal_endpoint,
 )
-from app.storage.s3.errors import PERMISSION_CODES, TRANSIENT_CODES, call_translated, error_code
+from app.storage.s3.errors import call_translated, error_code
 from app.storage.s3.multipart import S3Multipart
 from app.storage.s3.small_reads import SmallReads
 from app.storage.streams import BoundedReader, ObjectReader, is_seekable
@@ -315,45 +313,12 @@ class S3Storage(S3Multipart):
         if self.provider.object_lock is not None:
             versions.refuse_if_locked(self, common, set(object_keys))
         batches = limits.batched(object_keys, limits.S3_MAX_DELETE_KEYS)
-        deleted = sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        deleted = sum(
+            self._in_parallel(partial(versions.delete_batch, self, batch) for batch in batches)
+        )
         if not self.provider.keep_versions:
             versions.remove_leftovers(self, common, set(object_keys))
         return deleted
-
-    def _delete_batch(self, object_keys: list[str]) -> int:
-        """One DeleteObjects; a retry sends only the keys the previous answer reported."""
-        what = f"DeleteObjects of {len(object_keys)} keys under {self._url(self.prefix)}"
-        remaining = object_keys
-
-        def call() -> None:
-            nonlocal remaining
-            response = call_translated(
-                what,
-                partial(
-                    self.client.delete_objects,
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": key} for key in remaining], "Quiet": True},
-                ),
-            )
-            errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-            if not errors:
-                return
-            failed = {str(e.get("Key")) for e in errors}
-            remaining = [key for key in remaining if key in failed] or remaining
-            codes = sorted({str(e.get("Code")) for e in errors})
-            first = errors[0]
-            text = (
-                f"{what}: {len(errors)} keys not deleted ({', '.join(codes)}), "
-                f"e.g. {first.get('Key')}: {first.get('Message', '')}"
-            )
-            if all(code in TRANSIENT_CODES for code in codes):
-                raise TransientError(text)
-            if any(code in PERMISSION_CODES for code in codes):
-                raise PermissionDenied(text)  # a locked or held object among them
-            raise StorageError(text)
-
-        retrying(call, what=what)
-        return len(object_keys)
 
     def delete_prefix(self, prefix: str) -> int:
         """Deletes each listed page while the next is listed (ListObjectsV2 pages can only
@@ -365,7 +330,9 @@ class S3Storage(S3Multipart):
             versions.refuse_if_locked(self, directory)
         pages = self._list_pages(directory)
         batches = ([entry["Key"] for entry in page] for page in pages)
-        deleted = sum(self._in_parallel(partial(self._delete_batch, batch) for batch in batches))
+        deleted = sum(
+            self._in_parallel(partial(versions.delete_batch, self, batch) for batch in batches)
+        )
         if not self.provider.keep_versions:
             versions.remove_leftovers(self, directory)  # a purge means the bytes are gone
         return deleted

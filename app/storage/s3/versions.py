@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 UNSUPPORTED = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest"})
 
 Version = tuple[str, str]  # (object key, version id)
+MISSING = ("NoSuchKey", "NoSuchVersion")  # already gone: deleted
 
 
 def leftover_versions(calls: S3Calls, prefix: str) -> Iterator[Version]:
@@ -66,14 +67,24 @@ def delete_versions(calls: S3Calls, versions: Iterator[Version]) -> int:
     """Delete each (key, version) for good, a DeleteObjects of up to 1,000 at a time."""
     deleted = 0
     for batch in limits.batched(versions, limits.S3_MAX_DELETE_KEYS):
-        _delete_batch(calls, batch)
-        deleted += len(batch)
+        deleted += delete_batch(calls, batch)
     return deleted
 
 
-def _delete_batch(calls: S3Calls, batch: list[Version]) -> None:
-    what = f"DeleteObjects of {len(batch)} versions under {calls._url(calls.prefix)}"
-    remaining = batch
+def delete_batch(calls: S3Calls, batch: list[Version] | list[str]) -> int:
+    """One DeleteObjects of object keys, or of (key, version id) pairs; a retry sends only
+    the entries the previous answer reported. Missing ones count as deleted; a refusal is
+    ObjectLocked when a lock explains it (versions only: a plain delete of a locked object
+    just writes a delete marker)."""
+    kind = "versions" if batch and isinstance(batch[0], tuple) else "keys"
+    what = f"DeleteObjects of {len(batch)} {kind} under {calls._url(calls.prefix)}"
+    remaining: list[Any] = list(batch)
+
+    def entry(item: Any) -> Any:  # an ObjectIdentifier
+        return {"Key": item[0], "VersionId": item[1]} if isinstance(item, tuple) else {"Key": item}
+
+    def key_of(item: Any) -> str:
+        return str(item[0] if isinstance(item, tuple) else item)
 
     def call() -> None:
         nonlocal remaining
@@ -82,26 +93,34 @@ def _delete_batch(calls: S3Calls, batch: list[Version]) -> None:
             partial(
                 calls.client.delete_objects,
                 Bucket=calls.bucket,
-                Delete={
-                    "Objects": [{"Key": k, "VersionId": v} for k, v in remaining],
-                    "Quiet": True,
-                },
+                Delete={"Objects": [entry(item) for item in remaining], "Quiet": True},
             ),
         )
-        errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchVersion"]
+        errors = [
+            e
+            for e in response.get("Errors", [])
+            if e.get("Code") not in ("NoSuchKey", "NoSuchVersion")
+        ]
         if not errors:
             return
         failed = {str(e.get("Key")) for e in errors}
-        remaining = [(k, v) for k, v in remaining if k in failed] or remaining
+        remaining = [item for item in remaining if key_of(item) in failed] or remaining
         codes = sorted({str(e.get("Code")) for e in errors})
-        text = f"{what}: {len(errors)} versions not deleted ({', '.join(codes)})"
+        first = errors[0]
+        text = (
+            f"{what}: {len(errors)} {kind} not deleted ({', '.join(codes)}), "
+            f"e.g. {first.get('Key')}: {first.get('Message', '')}"
+        )
         if all(code in TRANSIENT_CODES for code in codes):
             raise TransientError(text)
         if any(code in PERMISSION_CODES for code in codes):
-            raise locked_or_denied(calls, remaining, text)
+            if kind == "versions":
+                raise locked_or_denied(calls, remaining, text)
+            raise PermissionDenied(text)  # a locked or held object among them
         raise StorageError(text)
 
     retrying(call, what=what)
+    return len(batch)
 
 
 def locked_or_denied(calls: S3Calls, versions: list[Version], text: str) -> PermissionDenied:
