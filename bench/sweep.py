@@ -3,8 +3,12 @@
 Bulk-loads a synthetic catalog (COPY) in three sizes, 100k, 300k and 1M active
 checkpoints (100 per run, so 1,000 / 3,000 / 10,000 runs), and at each size times
   - a full dry-run plan of the whole catalog under policies/default.yaml, and
-  - a registration-triggered evaluation of one run (`run_sweep(run_id=...)`, ledger
-    writes included), over a sample of runs: p50 / p95 / max.
+  - the psycopg fetch of the rows the plan reads (its peer),
+  - a periodic sweep in which 1 % of the runs are due,
+  - a registration-triggered prune: a rolling checkpoint added to an active run, then
+    `run_sweep(run_id=...)` (ledger writes included), checked to plan exactly the delete of
+    the run's oldest rolling checkpoint: p50 / p95 / p99 / max, and
+  - the first evaluation of an ended run (about 95 actions written): p50 / p95 / max.
 
     .venv/bin/python bench/sweep.py            # or: make bench-sweep
 
@@ -16,6 +20,7 @@ cooling and archiving the ended runs, nothing for the active ones but keeps.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -152,13 +157,20 @@ def load_runs(
 
 def fetch_plan_rows(conn: psycopg.Connection[Any]) -> float:
     """The peer of a full plan: psycopg fetching the rows the plan reads, nothing else."""
+    gc.disable()  # as the plan does: a million rows, no cycles
     t0 = time.perf_counter()
-    rows = conn.execute(
-        "SELECT c.id, c.run_id, c.step, c.class, c.size_bytes, c.created_at, c.metrics, "
-        "c.pinned, l.tier, c.protected_until FROM checkpoints c LEFT JOIN locations l "
-        "ON l.checkpoint_id = c.id AND l.role = 'primary' WHERE c.state = 'active'"
-    ).fetchall()
+    rows = (
+        conn.cursor(binary=True)
+        .execute(
+            "SELECT c.id, c.run_id, c.step, c.class, c.size_bytes, c.created_at, c.pinned, "
+            "l.tier, c.protected_until, CAST(c.metrics ->> 'eval_loss' AS FLOAT) "
+            "FROM checkpoints c LEFT JOIN locations l "
+            "ON l.checkpoint_id = c.id AND l.role = 'primary' WHERE c.state = 'active'"
+        )
+        .fetchall()
+    )
     took = time.perf_counter() - t0
+    gc.enable()
     assert rows, "the catalog is empty"
     return took
 
@@ -169,7 +181,7 @@ def incremental_sweep(
     run_ids: list[str],
     now: datetime,
     rng: random.Random,
-) -> tuple[float, int]:
+) -> tuple[float, list[str]]:
     """A periodic sweep in which 1 % of the runs are due: every run evaluated and not due
     again for a day, then 1 % marked (as a finished action marks its run); times the sweep
     and checks it evaluated exactly those (none is due afterwards)."""
@@ -185,7 +197,89 @@ def incremental_sweep(
     with factory() as session:
         left = due_run_ids(session, now)
     assert left == [], f"{len(left)} runs still due after the sweep"
-    return took, len(due)
+    return took, due
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {
+        "p50": round(statistics.median(ordered), 1),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "max": round(ordered[-1], 1),
+    }
+
+
+def registration_prunes(
+    conn: psycopg.Connection[Any],
+    factory: Any,
+    run_ids: list[str],
+    now: datetime,
+    rng: random.Random,
+    samples: int,
+) -> tuple[list[float], list[str]]:
+    """What a registration asks of the scheduler: a fourth rolling checkpoint lands in an
+    active run (3 kept by `rolling-keep-3`), and the run's evaluation must delete the oldest
+    one. Times `run_sweep(run_id=...)` in ms; checks each planned exactly that delete."""
+    active = [r for r in run_ids if int(r[4:12]) % 5 != 0]  # load_runs: every fifth ended
+    took: list[float] = []
+    chosen = rng.sample(active, min(samples, len(active)))
+    for n, run_id in enumerate(chosen):
+        oldest = conn.execute(
+            "SELECT id FROM checkpoints WHERE run_id = %s AND class = 'rolling' "
+            "AND state = 'active' ORDER BY step LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        assert oldest is not None
+        cid = f"ckpt_prune{n:06d}{uuid.uuid4().hex[:8]}"
+        created = now - timedelta(minutes=5)
+        conn.execute(
+            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, "
+            "metrics, labels, pinned, created_at, registered_at, committed_at) VALUES "
+            "(%s, %s, 10000000, 'rolling', 'active', %s, %s, '{}', '{}', false, %s, %s, %s)",
+            (cid, run_id, f"file:///srv/ckpt/hot/bench/{cid}", 10**12, created, created, created),
+        )
+        conn.execute(
+            "INSERT INTO locations (checkpoint_id, tier, uri, role) VALUES (%s, 'hot', %s, "
+            "'primary')",
+            (cid, f"file:///srv/ckpt/hot/bench/{cid}"),
+        )
+        conn.execute(
+            "UPDATE runs SET active_checkpoints = active_checkpoints + 1, "
+            "active_bytes = active_bytes + %s WHERE id = %s",
+            (10**12, run_id),
+        )
+        conn.commit()
+        t0 = time.perf_counter()
+        _, created_ids = run_sweep(
+            factory, tiers=TIERS, now=now, trigger="registration", run_id=run_id
+        )
+        took.append((time.perf_counter() - t0) * 1000)
+        planned = conn.execute(
+            "SELECT checkpoint_id, kind, state FROM actions WHERE id = ANY(%s)", (created_ids,)
+        ).fetchall()
+        assert planned == [(oldest[0], "delete", "pending")], f"{run_id}: planned {planned}"
+    return took, chosen
+
+
+def first_evaluations(
+    factory: Any, run_ids: list[str], now: datetime, rng: random.Random, samples: int
+) -> tuple[list[float], list[str]]:
+    """The first evaluation of an ended run never evaluated before: thinning, cooling and
+    archiving planned at once (about 95 actions written). Times in ms; checks it wrote them."""
+    ended = [r for r in run_ids if int(r[4:12]) % 5 == 0]
+    took: list[float] = []
+    chosen = rng.sample(ended, min(samples, len(ended)))
+    for run_id in chosen:
+        t0 = time.perf_counter()
+        _, created = run_sweep(factory, tiers=TIERS, now=now, trigger="registration", run_id=run_id)
+        took.append((time.perf_counter() - t0) * 1000)
+        assert len(created) > 50, f"{run_id}: only {len(created)} actions planned"
+    return took, chosen
 
 
 def main() -> None:
@@ -217,6 +311,7 @@ def main() -> None:
             session.commit()
         rng = random.Random(7)
         run_ids: list[str] = []
+        used: set[str] = set()  # runs evaluated by a sweep or a sample already
         with psycopg.connect(f"host={PG_HOST} port=5432 user=postgres dbname={db}") as conn:
             conn.execute("INSERT INTO projects (name, created_at) VALUES ('bench', now())")
             conn.commit()
@@ -233,14 +328,12 @@ def main() -> None:
                     plan = plan_catalog(session, tiers=TIERS, now=now)
                     plan_s = time.perf_counter() - t0
                 fetch_s = fetch_plan_rows(conn)
-                incremental_s, due_count = incremental_sweep(conn, factory, run_ids, now, rng)
-                sample = rng.sample(run_ids, min(args.samples, len(run_ids)))
-                single = []
-                for run_id in sample:
-                    t0 = time.perf_counter()
-                    run_sweep(factory, tiers=TIERS, now=now, trigger="registration", run_id=run_id)
-                    single.append((time.perf_counter() - t0) * 1000)
-                single.sort()
+                incremental_s, due = incremental_sweep(conn, factory, run_ids, now, rng)
+                used.update(due)
+                fresh = sorted(set(run_ids) - used)  # not evaluated yet
+                prune, pruned = registration_prunes(conn, factory, fresh, now, rng, args.samples)
+                first, firsts = first_evaluations(factory, fresh, now, rng, args.samples)
+                used.update(pruned, firsts)
                 row = {
                     "checkpoints": size,
                     "runs": len(run_ids),
@@ -249,12 +342,11 @@ def main() -> None:
                     "psycopg_fetch_s": round(fetch_s, 2),
                     "full_plan_over_fetch": round(plan_s / fetch_s, 2),
                     "incremental_sweep_s": round(incremental_s, 3),
-                    "incremental_due_runs": due_count,
+                    "incremental_due_runs": len(due),
                     "planned_actions": len(plan.items),
                     "kept": len(plan.kept),
-                    "single_run_p50_ms": round(statistics.median(single), 1),
-                    "single_run_p95_ms": round(single[int(0.95 * (len(single) - 1))], 1),
-                    "single_run_max_ms": round(single[-1], 1),
+                    **{f"prune_{k}_ms": v for k, v in percentiles(prune).items()},
+                    **{f"ended_run_first_{k}_ms": v for k, v in percentiles(first).items()},
                 }
                 results.append(row)
                 print(json.dumps(row), flush=True)

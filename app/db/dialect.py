@@ -76,12 +76,27 @@ def one_of(column: Any, session: Session, values: list[Any]) -> ColumnElement[bo
 
 
 @contextmanager
-def transaction_lock(session: Session, key: int) -> Iterator[None]:
+def transaction_lock(session: Session, key: int, *, flush_commit: bool = True) -> Iterator[None]:
     """Serialise one kind of transaction: a PostgreSQL advisory lock held until the
     transaction ends (so several replicas never do it at once); a process lock on SQLite,
-    whose single writer already keeps other processes out."""
+    whose single writer already keeps other processes out.
+
+    With `flush_commit=False` the transaction's commit on PostgreSQL returns before its WAL
+    reaches the disk (synchronous_commit off, this transaction only), in the same round trip
+    as the lock. Only for a transaction whose loss in a crash costs nothing: the WAL is
+    written in order, so any later durable commit (a worker claiming what it wrote, say)
+    makes it durable first."""
     if on_postgresql(session):
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        if flush_commit:
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        else:
+            session.execute(
+                text(
+                    "SELECT set_config('synchronous_commit', 'off', true), "
+                    "pg_advisory_xact_lock(:key)"
+                ),
+                {"key": key},
+            )
         yield
         return
     with _local_locks_guard:
@@ -111,13 +126,16 @@ def try_session_lock(factory: sessionmaker[Session], key: int) -> Iterator[bool]
                 connection.commit()
 
 
-def fetch_all(session: Session, stmt: Select) -> list[Any]:  # type: ignore[type-arg]
-    """All rows of `stmt`. On PostgreSQL straight from the driver: its tuples already hold
-    UTC datetimes and parsed JSON, and a million rows skip SQLAlchemy's row processing."""
+def fetch_all(session: Session, stmt: Select, *, many: bool = True) -> list[Any]:  # type: ignore[type-arg]
+    """All rows of `stmt`. On PostgreSQL, when `many` may come back, straight from the
+    driver: its tuples already hold UTC datetimes and parsed JSON, and a million rows skip
+    SQLAlchemy's row processing. For a few rows SQLAlchemy's path is the cheaper one: it
+    compiles a statement once, not on every call."""
     conn = session.connection()
-    if not on_postgresql(conn):
+    if not many or not on_postgresql(conn):
         return list(conn.execute(stmt).all())
     compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+    # binary: timestamps and numbers arrive without being parsed from text
+    with conn.connection.driver_connection.cursor(binary=True) as cursor:  # type: ignore[union-attr]
         cursor.execute(str(compiled), compiled.params)
         return cursor.fetchall()  # type: ignore[no-any-return]

@@ -4,6 +4,7 @@ checkpoint (it is read and written whole, never queried by file)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -92,6 +93,7 @@ class Checkpoint(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "step"),
         Index("ix_checkpoints_state_trashed_at", "state", "trashed_at"),
+        Index("ix_checkpoints_locked_until", "locked_until"),  # a plan's lock scan
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -190,6 +192,46 @@ class Action(Base):
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # storage
     # Progress of a running transfer, written every few seconds by the lease keeper.
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+@dataclass(frozen=True, slots=True)
+class NewAction:
+    """An action about to be written, as plain data: a sweep that plans thousands writes
+    them in one statement (app.db.bulk) without building an ORM object for each."""
+
+    id: str
+    checkpoint_id: str
+    run_id: str
+    kind: str
+    from_tier: str | None
+    to_tier: str | None
+    rule: str
+    reason: str | None
+    state: str
+    bytes: int
+    sweep_id: str | None
+    due_at: datetime
+    created_at: datetime
+    actor: str | None
+
+    def row(self) -> dict[str, Any]:
+        """Every column of its `actions` row."""
+        row = {name: getattr(self, name) for name in self.__slots__}
+        row.update(
+            step=None,
+            source_uri=None,
+            dest_uri=None,
+            attempts=0,
+            error=None,
+            lease_owner=None,
+            lease_until=None,
+            updated_at=self.created_at,
+            finished_at=None,
+            approved_by=None,
+            retries=0,
+            bytes_done=0,
+        )
+        return row
 
 
 class PolicyRow(Base):

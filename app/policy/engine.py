@@ -124,7 +124,15 @@ def evaluate(
     reasons each kept checkpoint stays.
     """
     live = [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
-    protected = protections(run, live, now, resumed_by_active)
+    # Worked out when first needed: most runs of a large catalog have nothing to do, and
+    # asking costs a pass over every checkpoint.
+    protected_found: list[dict[str, str]] = []
+
+    def is_protected(checkpoint_id: str) -> bool:
+        if not protected_found:
+            protected_found.append(protections(run, live, now, resumed_by_active))
+        return checkpoint_id in protected_found[0]
+
     by_class: dict[str, list[CheckpointSnapshot]] = {}
     for c in live:
         by_class.setdefault(c.klass, []).append(c)
@@ -163,7 +171,7 @@ def evaluate(
                     reasons.setdefault(c.id, []).append(f"{rule.name}: {proposal}")
                 continue
             kind, target = proposal
-            if kind != "copy" and c.id in protected:
+            if kind != "copy" and is_protected(c.id):
                 continue
             why = described.get((rule.name, kind, target))
             if why is None:
@@ -193,7 +201,7 @@ def evaluate(
                 )
             )
         if explain and not any(kind == "delete" for kind, *_ in chosen):
-            why_kept = [protected[c.id]] if c.id in protected else []
+            why_kept = [protected_found[0][c.id]] if is_protected(c.id) else []
             why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
             kept_list.append(Kept(c.id, c.step, tuple(why_kept) or ("no rule applies",)))
     return Plan(actions=tuple(actions), kept=tuple(kept_list))

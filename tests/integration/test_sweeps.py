@@ -462,6 +462,26 @@ def test_ending_a_run_triggers_its_evaluation(
     ]
 
 
+def test_a_run_s_own_evaluation_weighs_its_deletes_against_the_whole_project(
+    evaluating_client: TestClient, evaluating_app: FastAPI, data_dir: Path
+) -> None:
+    """The evaluation of one run reads only that run; the project's other runs still count
+    towards the blast radius: 7 deletes of one run's 10 are not held in a project of 20."""
+    client, runtime = evaluating_client, evaluating_app.state.runtime
+    run = make_run(client, "shared")
+    rolling(client, data_dir, run, range(1, 10))
+    rolling(client, data_dir, make_run(client, "shared", "run-2"), range(1, 11), klass="milestone")
+    assert runtime.wait_idle(timeout=30)
+    put_policy(client, POLICY)
+
+    place_checkpoint(client, data_dir, run, 10)
+    assert runtime.wait_idle(timeout=30)
+
+    assert Counter((a["run_id"], a["kind"], a["state"]) for a in ledger(client)) == {
+        (run["id"], "delete", "pending"): 7
+    }
+
+
 def test_registration_triggered_deletes_respect_the_blast_radius(
     evaluating_client: TestClient, evaluating_app: FastAPI, data_dir: Path
 ) -> None:

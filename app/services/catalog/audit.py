@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Action, AuditEvent, Location
+from app.db.bulk import bulk_insert
+from app.db.models import Action, AuditEvent, Location, NewAction
 from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
 
@@ -126,8 +127,12 @@ def checkpoint_event(
 
 
 def record_many(session: Session, events: Sequence[dict[str, Any]]) -> None:
-    """Record many changes in one statement (a sweep's actions, a bulk approval)."""
-    if events:
+    """Record many changes in one statement (a sweep's actions, a bulk approval): on
+    PostgreSQL one array per column (bulk_insert), which keeps the trail's ids in the
+    events' order as a multi-row INSERT does."""
+    if len(events) > 1:
+        bulk_insert(session, cast(Table, AuditEvent.__table__), events)
+    elif events:
         session.execute(insert(AuditEvent), list(events))
 
 
@@ -164,12 +169,12 @@ def acting_as(actor: str | None, rule: str) -> str:
     return rule_actor(rule) if rule != "manual" else SCHEDULER_ACTOR
 
 
-def action_actor(action: Action) -> str:
+def action_actor(action: Action | NewAction) -> str:
     return acting_as(action.actor, action.rule)
 
 
 def action_event(
-    action: Action,
+    action: Action | NewAction,
     event_name: str,
     *,
     at: datetime,
@@ -192,7 +197,9 @@ def action_event(
     )
 
 
-def action_created(action: Action, *, at: datetime, actor: str | None = None) -> dict[str, Any]:
+def action_created(
+    action: Action | NewAction, *, at: datetime, actor: str | None = None
+) -> dict[str, Any]:
     """A new action: what it will do, why (its reason text), and from which sweep."""
     after = {
         "kind": action.kind,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import Select, and_, select
@@ -18,7 +18,6 @@ from app.db.dialect import fetch_all
 from app.db.models import Checkpoint, Location, Project, Run
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
 from app.domain.states import CheckpointState, RunStatus
-from app.services.catalog.run_totals import project_totals
 from app.services.catalog.runs import runs_in
 
 
@@ -29,7 +28,6 @@ class Scope:
     runs: list[RunSnapshot]
     checkpoints: dict[str, list[CheckpointSnapshot]]  # run id -> active checkpoints
     resumed_by_active: set[str]
-    project_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # count, bytes
 
 
 def restrict(
@@ -64,11 +62,16 @@ def load_scope(
     run_id: str | None = None,
     projects: Collection[str] | None = None,
     run_ids: Collection[str] | None = None,
+    metrics: Collection[str] | None = None,
 ) -> Scope:
     """Runs in scope (one run, one project, the projects of `projects`, or the whole catalog;
     the narrowest given wins) with their active
-    checkpoints, the checkpoints of the scope that active runs resumed from, and the
-    per-project totals of active checkpoints (the blast-radius base)."""
+    checkpoints, and the checkpoints of the scope that active runs resumed from.
+
+    With `metrics` (the names the policies rank by), each checkpoint carries only those,
+    read as numbers by the database: parsing every checkpoint's JSON took more than half of
+    a million-checkpoint plan."""
+    many = run_id is None  # one run's rows are few
     run_stmt = select(
         Run.id,
         Project.name,
@@ -100,8 +103,9 @@ def load_scope(
             ended_at=r[7],
             next_due_at=_utc(r[8]),
         )
-        for r in fetch_all(session, run_stmt)
+        for r in fetch_all(session, run_stmt, many=many)
     ]
+    names = sorted(metrics or ())
     ckpt_stmt = restrict(
         select(
             Checkpoint.id,
@@ -110,10 +114,14 @@ def load_scope(
             Checkpoint.klass,
             Checkpoint.size_bytes,
             Checkpoint.created_at,
-            Checkpoint.metrics,
             Checkpoint.pinned,
             Location.tier,
             Checkpoint.protected_until,
+            *(
+                [Checkpoint.metrics]
+                if metrics is None
+                else [Checkpoint.metrics[name].as_float() for name in names]
+            ),
         )
         .outerjoin(
             Location, and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
@@ -134,13 +142,21 @@ def load_scope(
         run_ids,
     )
     replicas: dict[str, set[str]] = defaultdict(set)
-    for checkpoint_id, tier in fetch_all(session, replica_stmt):
+    for checkpoint_id, tier in fetch_all(session, replica_stmt, many=many):
         replicas[checkpoint_id].add(tier)
     by_run: dict[str, list[CheckpointSnapshot]] = defaultdict(list)
     single: dict[str | None, frozenset[str]] = {}  # one frozenset per tier, shared
-    make = CheckpointSnapshot._make
-    for row in fetch_all(session, ckpt_stmt):
-        cid, rid, step, klass, size, created, metrics, pinned, tier, protected = row
+    # tuple.__new__ rather than the namedtuple's own constructor: a million of them
+    new, snapshot = tuple.__new__, CheckpointSnapshot
+    only = names[0] if len(names) == 1 else None  # the common case: one metric, no loop
+    for row in fetch_all(session, ckpt_stmt, many=many):
+        cid, rid, step, klass, size, created, pinned, tier, protected, *values = row
+        if metrics is None:
+            found = values[0] or {}
+        elif only is not None:
+            found = {} if values[0] is None else {only: values[0]}
+        else:
+            found = {name: value for name, value in zip(names, values) if value is not None}  # noqa: B905
         extra = replicas.get(cid)
         if extra:
             held = frozenset((tier, *extra))
@@ -149,7 +165,8 @@ def load_scope(
                 tier, frozenset((tier,)) if tier else frozenset()
             )
         by_run[rid].append(
-            make(
+            new(
+                snapshot,
                 (
                     cid,
                     rid,
@@ -160,10 +177,10 @@ def load_scope(
                     created,
                     tier,
                     held,
-                    metrics or {},
+                    found,
                     pinned,
-                    _utc(protected),
-                )
+                    protected if protected is None else _utc(protected),
+                ),
             )
         )
     resumed_stmt = select(Run.resumed_from).where(
@@ -172,10 +189,9 @@ def load_scope(
     if run_id is not None or project is not None or projects is not None or run_ids is not None:
         in_scope = restrict(select(Checkpoint.id), project, run_id, projects, run_ids)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
-    resumed = {cid for (cid,) in fetch_all(session, resumed_stmt) if cid is not None}
+    resumed = {cid for (cid,) in fetch_all(session, resumed_stmt, many=many) if cid is not None}
     return Scope(
         runs=runs,
         checkpoints=dict(by_run),
         resumed_by_active=resumed,
-        project_totals=project_totals(session, {r.project for r in runs}),
     )

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
 from app.db.dialect import transaction_lock
-from app.db.models import Run, Sweep
+from app.db.models import NewAction, Run, Sweep
 from app.domain.access import SCHEDULER_ACTOR, rule_actor
 from app.domain.ids import new_id
 from app.domain.states import ActionState
@@ -20,15 +20,22 @@ from app.domain.tier import Tier
 from app.policy.schema import Policy
 from app.services.catalog import audit
 from app.services.catalog.due_runs import due_run_ids, record_next_due
-from app.services.lifecycle.ledger import new_action
+from app.services.lifecycle.ledger import insert_actions, planned_action
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 
 
-def evaluation_lock(session: Session) -> AbstractContextManager[None]:
+# The scheduler's own sweeps, whose commit need not wait for the disk: one lost in a crash
+# is planned again by the next (the runs it evaluated are still due, a registration's
+# request still open), and nothing acts on its actions before a durable commit (a worker's
+# claim) has made them durable too. A person's sweep answers with action ids: durable.
+UNATTENDED = frozenset({"schedule", "registration"})
+
+
+def evaluation_lock(session: Session, *, flush_commit: bool = True) -> AbstractContextManager[None]:
     """Serialise evaluations that write actions: several replicas never sweep at once."""
-    return transaction_lock(session, SWEEP_LOCK_KEY)
+    return transaction_lock(session, SWEEP_LOCK_KEY, flush_commit=flush_commit)
 
 
 @metrics.timed_sweep
@@ -62,7 +69,7 @@ def run_sweep(
     """
     session = factory()
     try:
-        with evaluation_lock(session):
+        with evaluation_lock(session, flush_commit=trigger not in UNATTENDED):
             run_ids = _due(session, now) if due_only else None
             plan = (
                 plan_catalog(
@@ -90,13 +97,13 @@ def run_sweep(
                 actor=actor,
             )
             session.add(sweep)
-            created: list[str] = []
+            created: list[NewAction] = []
             events: list[dict[str, Any]] = []
             for item in plan.items:
                 if item.open_action_id is not None:
                     continue
                 a = item.action
-                action = new_action(
+                action = planned_action(
                     checkpoint_id=a.checkpoint_id,
                     run_id=a.run_id,
                     kind=a.kind,
@@ -110,10 +117,10 @@ def run_sweep(
                     now=now,
                     sweep_id=sweep.id,
                 )
-                session.add(action)
-                created.append(action.id)
+                created.append(action)
                 events.append(audit.action_created(action, at=now))
                 sweep.held += item.state == ActionState.HELD
+            insert_actions(session, created)
             audit.record_many(session, events)
             sweep.actions = len(created)
             sweep.finished_at = now
@@ -127,7 +134,7 @@ def run_sweep(
                     .execution_options(synchronize_session=False)
                 )
             session.commit()
-            return sweep.id, created
+            return sweep.id, [a.id for a in created]
     except BaseException:
         session.rollback()
         raise
