@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +78,27 @@ class Progress:
             self.value += count
 
 
+class Phases:
+    """Seconds each phase of one transfer took, for its log line: where a slow move spends
+    its time (copy, verify, switch, source removal), and what the benchmark reports."""
+
+    def __init__(self) -> None:
+        self.started = self._at = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[f"{phase}_s"] = round(now - self._at, 3)
+        self._at = now
+
+    def log(self, action_id: str, kind: str) -> None:
+        total = round(time.monotonic() - self.started, 3)
+        log.info(
+            "transfer phases",
+            extra={"action_id": action_id, "kind": kind, "total_s": total, **self.seconds},
+        )
+
+
 def load_checkpoint(session: Session, checkpoint_id: str) -> Checkpoint:
     return session.execute(
         select(Checkpoint)
@@ -111,6 +133,7 @@ def checkpoint_event(
 
 def transfer(ctx: Context, action_id: str) -> None:
     """move, copy and restore: (restore) -> copy -> verify -> switch -> (move) remove."""
+    phases = Phases()
     with session_scope(ctx.factory) as session:
         action = session.get(Action, action_id)
         assert action is not None
@@ -172,6 +195,7 @@ def transfer(ctx: Context, action_id: str) -> None:
         ledger.set_step(ctx.factory, action_id, "copied", ctx.clock())
         crash_point("transfer.copied")
         step = "copied"
+        phases.lap("copy")
     if step == "copied":
         problems = verify_files(
             dest, dest_key, manifest, streamed=streamed, source=source, source_prefix=source_key
@@ -186,10 +210,12 @@ def transfer(ctx: Context, action_id: str) -> None:
         ledger.set_step(ctx.factory, action_id, "verified", ctx.clock())
         crash_point("transfer.verified")
         step = "verified"
+        phases.lap("verify")
     if step == "verified":
         switch(ctx, action_id, dest_uri)
         crash_point("transfer.switched")
         step = "switched"
+        phases.lap("switch")
     if kind == ActionKind.MOVE and not in_place:
         with session_scope(ctx.factory) as session:
             refuse_if_overlapping(session, source_uri, checkpoint_id, "remove the source")
@@ -200,8 +226,10 @@ def transfer(ctx: Context, action_id: str) -> None:
             with session_scope(ctx.factory) as session:
                 checkpoint = load_checkpoint(session, checkpoint_id)
                 record_removed(session, action_id, checkpoint, source_tier, ctx.clock())
+        phases.lap("remove_source")
     ledger.finish(ctx.factory, action_id, ActionState.DONE, ctx.clock())
     crash_point("transfer.done")
+    phases.log(action_id, kind)
 
 
 def _awaiting_restore(
