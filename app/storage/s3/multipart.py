@@ -30,9 +30,11 @@ log = logging.getLogger("app.storage")
 # short enough to finish well within the read timeout.
 COPY_PART = 256 * MiB
 # Upload parts held in memory at once by this whole process, whatever the number of files
-# and uploads running: with 16 MiB parts, 128 MiB. Keeps a worker's peak memory bounded
-# however large the checkpoint and however many shards copy in parallel.
-BUFFERED_PARTS = 8
+# and uploads running: with 16 MiB parts, 96 MiB. Keeps a worker's peak memory bounded
+# however large the checkpoint and however many shards copy in parallel: a worker holds
+# about 130 MiB before its first part, and with 8 parts one 2 GiB upload peaked at 285 MiB,
+# above the 256 MiB it may use.
+BUFFERED_PARTS = 6
 _part_budget = threading.BoundedSemaphore(BUFFERED_PARTS)
 
 
