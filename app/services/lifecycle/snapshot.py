@@ -106,27 +106,40 @@ def load_scope(
         for r in fetch_all(session, run_stmt, many=many)
     ]
     names = sorted(metrics or ())
-    ckpt_stmt = restrict(
-        select(
-            Checkpoint.id,
-            Checkpoint.run_id,
-            Checkpoint.step,
-            Checkpoint.klass,
-            Checkpoint.size_bytes,
-            Checkpoint.created_at,
-            Checkpoint.pinned,
-            Location.tier,
-            Checkpoint.protected_until,
-            *(
-                [Checkpoint.metrics]
-                if metrics is None
-                else [Checkpoint.metrics[name].as_float() for name in names]
-            ),
-        )
-        .outerjoin(
+    # The primary tier: a join for a whole catalog or project (one pass over `locations`),
+    # a lookup per checkpoint for a few runs (a sweep's due runs), where PostgreSQL would
+    # otherwise scan a million locations to hash-join ten thousand (260 ms against 57).
+    few = run_ids is not None or run_id is not None
+    primary = (
+        select(Location.tier)
+        .where(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
+        .limit(1)
+        .scalar_subquery()
+        if few
+        else Location.tier
+    )
+    ckpt_select = select(
+        Checkpoint.id,
+        Checkpoint.run_id,
+        Checkpoint.step,
+        Checkpoint.klass,
+        Checkpoint.size_bytes,
+        Checkpoint.created_at,
+        Checkpoint.pinned,
+        primary,
+        Checkpoint.protected_until,
+        *(
+            [Checkpoint.metrics]
+            if metrics is None
+            else [Checkpoint.metrics[name].as_float() for name in names]
+        ),
+    )
+    if not few:
+        ckpt_select = ckpt_select.outerjoin(
             Location, and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
         )
-        .where(Checkpoint.state == CheckpointState.ACTIVE),
+    ckpt_stmt = restrict(
+        ckpt_select.where(Checkpoint.state == CheckpointState.ACTIVE),
         project,
         run_id,
         projects,
