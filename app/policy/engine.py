@@ -113,6 +113,7 @@ def evaluate(
     tier_ranks: Mapping[str, int],
     resumed_by_active: Collection[str] = (),
     explain: bool = True,
+    live_only: bool = False,
 ) -> Plan:
     """Plan what `policy` does to one run's checkpoints at `now`.
 
@@ -121,9 +122,16 @@ def evaluate(
     active run resumed from, 60 s grace) stop deletes and moves, not copies. Per checkpoint
     delete beats move beats copy, the coldest move wins; rule order does not matter.
     With `explain=False` the plan carries actions only (what a sweep needs), not the
-    reasons each kept checkpoint stays.
+    reasons each kept checkpoint stays. `live_only` promises `checkpoints` are the run's
+    active ones and nothing else.
     """
-    live = [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
+    # `live_only`: the caller passes the run's active checkpoints alone (a million-row plan
+    # skips filtering them again)
+    live = (
+        list(checkpoints)
+        if live_only
+        else [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
+    )
     # Worked out when first needed: most runs of a large catalog have nothing to do, and
     # asking costs a pass over every checkpoint.
     protected_found: list[dict[str, str]] = []

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.plan import CheckpointSnapshot, Plan, RunSnapshot
+from app.policy.engine import evaluate
 from tests.unit.engine_builders import (
     NOW,
     TIER_RANKS,
@@ -328,3 +329,17 @@ def test_moves_only_go_to_colder_tiers(
             assert action.from_tier is not None
             assert action.to_tier is not None
             assert TIER_RANKS[action.to_tier] > TIER_RANKS[action.from_tier]
+
+
+@PROPERTY
+@given(policy_dicts(), runs(), checkpoint_lists(), st.booleans())
+def test_a_caller_that_passes_only_live_checkpoints_gets_the_same_plan(
+    data: dict[str, Any], run: RunSnapshot, checkpoints: list[CheckpointSnapshot], explain: bool
+) -> None:
+    """A sweep hands the engine each run's active checkpoints already filtered
+    (`live_only`); the plan must be the one the engine makes from the unfiltered list."""
+    policy = make_policy(data)
+    live = [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
+    ranks = TIER_RANKS
+    filtered = evaluate(policy, run, live, NOW, tier_ranks=ranks, explain=explain, live_only=True)
+    assert filtered == evaluate(policy, run, checkpoints, NOW, tier_ranks=ranks, explain=explain)

@@ -155,14 +155,20 @@ def _held(session: Session, scope: Scope, project: str, deletes: list[PlannedAct
     if not deletes:
         return False
     count, size = len(deletes), sum(a.bytes for a in deletes)
-    in_scope = [
-        c for r in scope.runs if r.project == project for c in scope.checkpoints.get(r.id, ())
-    ]
-    if not exceeds_blast_radius(count, size, (len(in_scope), sum(c.size_bytes for c in in_scope))):
-        return False
+    runs = [r for r in scope.runs if r.project == project]
+    if len(runs) <= LOWER_BOUND_RUNS:
+        in_scope = [c for r in runs for c in scope.checkpoints.get(r.id, ())]
+        loaded = (len(in_scope), sum(c.size_bytes for c in in_scope))
+        if not exceeds_blast_radius(count, size, loaded):
+            return False
     return exceeds_blast_radius(
         count, size, project_totals(session, [project]).get(project, (0, 0))
     )
+
+
+# Beyond this many runs of a project in scope, summing what was loaded costs more than
+# asking the database for the project's totals (kept per run).
+LOWER_BOUND_RUNS = 200
 
 
 def replan_after(failures: int) -> timedelta:
@@ -329,6 +335,7 @@ def _plan(
             tier_ranks=ranks,
             resumed_by_active=scope.resumed_by_active,
             explain=explain,
+            live_only=True,  # load_scope reads the run's active checkpoints alone
         )
         result = skip_costly_demotions(
             result,
