@@ -35,9 +35,10 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-# Enough kept open for the request threads of a busy API process, so connections are not
-# opened and closed per request.
-POOL_SIZE = 24
+# One kept open for each request thread of an API process (AnyIO runs sync endpoints on
+# 40 threads), so connections are not opened and closed per request: with 24, a run of
+# 32 concurrent registrations opened 365 PostgreSQL sessions per 10,000 (bench/README.md).
+POOL_SIZE = 40
 
 
 def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
