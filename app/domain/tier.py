@@ -173,30 +173,43 @@ def real_root(path: str) -> str:
 def symlink_leaving_tier(root: str, key: str, paths: list[str]) -> str | None:
     """The first of `paths` (relative to `key`, a directory under the tier `root`) whose
     components below `key` include a symlink leading outside the tier; None when none
-    does. `key` itself is `locate`'s to check. Each directory is looked at once, however
-    many files it holds."""
+    does. `key` itself is `locate`'s to check.
+
+    Each directory is listed once (`os.scandir`, whose entries know a symlink without a
+    stat), however many files it holds: an lstat per file released and took back the GIL
+    64 times for a 64-file manifest, and under 32 concurrent registrations every taking
+    back waited behind the other request threads."""
     base = real_root(root)
+    inside = base.rstrip("/") + "/"
     start = f"{base}/{key}" if key else base
     if os.path.islink(start):
         start = os.path.realpath(start)
-    safe: set[str] = set()
+    listed: dict[str, dict[str, os.DirEntry[str]]] = {}
     for path in paths:
         current = start
         for part in path.split("/"):
-            current = f"{current}/{part}"
-            if current in safe:
-                continue
-            try:
-                mode = os.lstat(current).st_mode
-            except OSError:
+            entries = listed.get(current)
+            if entries is None:
+                entries = listed[current] = _entries(current)
+            entry = entries.get(part)
+            if entry is None:
                 break  # the rest does not exist (yet): nothing to follow
-            if stat.S_ISLNK(mode):
-                current = os.path.realpath(current)
-                if current != base and not current.startswith(base.rstrip("/") + "/"):
+            following = f"{current}/{part}"
+            if entry.is_symlink():
+                following = os.path.realpath(following)
+                if following != base and not following.startswith(inside):
                     return path
-            else:
-                safe.add(current)
+            current = following
     return None
+
+
+def _entries(directory: str) -> dict[str, os.DirEntry[str]]:
+    """A directory's entries by name; none when it is not a directory (or is gone)."""
+    try:
+        with os.scandir(directory) as found:
+            return {entry.name: entry for entry in found}
+    except OSError:
+        return {}
 
 
 def _leaves_by_symlink(root: str, key: str) -> bool:
