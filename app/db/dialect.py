@@ -76,27 +76,12 @@ def one_of(column: Any, session: Session, values: list[Any]) -> ColumnElement[bo
 
 
 @contextmanager
-def transaction_lock(session: Session, key: int, *, flush_commit: bool = True) -> Iterator[None]:
+def transaction_lock(session: Session, key: int) -> Iterator[None]:
     """Serialise one kind of transaction: a PostgreSQL advisory lock held until the
     transaction ends (so several replicas never do it at once); a process lock on SQLite,
-    whose single writer already keeps other processes out.
-
-    With `flush_commit=False` the transaction's commit on PostgreSQL returns before its WAL
-    reaches the disk (synchronous_commit off, this transaction only), in the same round trip
-    as the lock. Only for a transaction whose loss in a crash costs nothing: the WAL is
-    written in order, so any later durable commit (a worker claiming what it wrote, say)
-    makes it durable first."""
+    whose single writer already keeps other processes out."""
     if on_postgresql(session):
-        if flush_commit:
-            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-        else:
-            session.execute(
-                text(
-                    "SELECT set_config('synchronous_commit', 'off', true), "
-                    "pg_advisory_xact_lock(:key)"
-                ),
-                {"key": key},
-            )
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
         yield
         return
     with _local_locks_guard:

@@ -26,16 +26,11 @@ from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 
 
-# The scheduler's own sweeps, whose commit need not wait for the disk: one lost in a crash
-# is planned again by the next (the runs it evaluated are still due, a registration's
-# request still open), and nothing acts on its actions before a durable commit (a worker's
-# claim) has made them durable too. A person's sweep answers with action ids: durable.
-UNATTENDED = frozenset({"schedule", "registration"})
-
-
-def evaluation_lock(session: Session, *, flush_commit: bool = True) -> AbstractContextManager[None]:
-    """Serialise evaluations that write actions: several replicas never sweep at once."""
-    return transaction_lock(session, SWEEP_LOCK_KEY, flush_commit=flush_commit)
+def evaluation_lock(session: Session) -> AbstractContextManager[None]:
+    """Serialise evaluations that write actions: several replicas never sweep at once.
+    Its commit waits for the disk like any other: a planned action, once anyone may have
+    seen it (a held delete an admin is about to approve), is never lost."""
+    return transaction_lock(session, SWEEP_LOCK_KEY)
 
 
 @metrics.timed_sweep
@@ -69,7 +64,7 @@ def run_sweep(
     """
     session = factory()
     try:
-        with evaluation_lock(session, flush_commit=trigger not in UNATTENDED):
+        with evaluation_lock(session):
             run_ids = _due(session, now) if due_only else None
             plan = (
                 plan_catalog(
