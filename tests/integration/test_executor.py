@@ -249,6 +249,28 @@ def test_move_without_checksums_verifies_sizes_and_succeeds(
     assert tree(data_dir / "hot") == {}
 
 
+@pytest.mark.usefixtures("cold_policy")
+def test_a_finished_move_logs_how_long_each_phase_took(
+    client: TestClient, app: FastAPI, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an operator reads when a move is slow: one `transfer phases` line with the
+    seconds of the copy, the verification, the catalog switch and the source's removal."""
+    run = make_run(client)
+    place_checkpoint(client, data_dir, run, 10, "milestone")
+    end_run(client, run["id"], ago(hours=1))
+    (move,) = sweep_now(client)["actions"]
+    caplog.set_level("INFO", logger="app.worker")
+
+    assert make_executor(app).drain() == 1
+
+    (line,) = [r for r in caplog.records if r.getMessage() == "transfer phases"]
+    phases = {k: v for k, v in vars(line).items() if k.endswith("_s")}
+    assert set(phases) == {"total_s", "copy_s", "verify_s", "switch_s", "remove_source_s"}
+    assert (vars(line)["action_id"], vars(line)["kind"]) == (move, "move")
+    assert all(v >= 0 for v in phases.values())
+    assert phases["total_s"] >= sum(v for k, v in phases.items() if k != "total_s") - 0.01
+
+
 # --- pins win over queued actions ---------------------------------------------------------
 
 
