@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, Unpack, cast
 
 from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
@@ -23,74 +23,48 @@ from app.services.catalog import audit
 from app.services.catalog.runs import runs_in
 
 
-def planned_action(
-    *,
-    checkpoint_id: str,
-    run_id: str,
-    kind: str,
-    from_tier: str | None,
-    to_tier: str | None,
-    rule: str,
-    reason: str | None,
-    state: str,
-    size: int,
-    actor: str | None,
-    now: datetime,
-    due_at: datetime | None = None,
-    sweep_id: str | None = None,
-) -> NewAction:
+class ActionFields(TypedDict):
+    """What a caller says of a new action; the ledger adds its id and bookkeeping."""
+
+    checkpoint_id: str
+    run_id: str
+    kind: str
+    from_tier: str | None
+    to_tier: str | None
+    rule: str
+    reason: str | None
+    state: str
+    size: int
+    actor: str | None
+    now: datetime
+    due_at: NotRequired[datetime | None]
+    sweep_id: NotRequired[str | None]
+
+
+def planned_action(**fields: Unpack[ActionFields]) -> NewAction:
+    """A new action as plain data (a sweep writes thousands at once: insert_actions)."""
+    now = fields["now"]
     return NewAction(
         id=new_id("act"),
-        checkpoint_id=checkpoint_id,
-        run_id=run_id,
-        kind=kind,
-        from_tier=from_tier,
-        to_tier=to_tier,
-        rule=rule,
-        reason=reason,
-        state=state,
-        bytes=size,
-        sweep_id=sweep_id,
-        due_at=due_at or now,
+        checkpoint_id=fields["checkpoint_id"],
+        run_id=fields["run_id"],
+        kind=fields["kind"],
+        from_tier=fields["from_tier"],
+        to_tier=fields["to_tier"],
+        rule=fields["rule"],
+        reason=fields["reason"],
+        state=fields["state"],
+        bytes=fields["size"],
+        sweep_id=fields.get("sweep_id"),
+        due_at=fields.get("due_at") or now,
         created_at=now,
-        actor=actor,
+        actor=fields["actor"],
     )
 
 
-def new_action(
-    *,
-    checkpoint_id: str,
-    run_id: str,
-    kind: str,
-    from_tier: str | None,
-    to_tier: str | None,
-    rule: str,
-    reason: str | None,
-    state: str,
-    size: int,
-    actor: str | None,
-    now: datetime,
-    due_at: datetime | None = None,
-    sweep_id: str | None = None,
-) -> Action:
+def new_action(**fields: Unpack[ActionFields]) -> Action:
     """The ORM object of a new action, for a caller that writes one and goes on with it."""
-    return Action(
-        **planned_action(
-            checkpoint_id=checkpoint_id,
-            run_id=run_id,
-            kind=kind,
-            from_tier=from_tier,
-            to_tier=to_tier,
-            rule=rule,
-            reason=reason,
-            state=state,
-            size=size,
-            actor=actor,
-            now=now,
-            due_at=due_at,
-            sweep_id=sweep_id,
-        ).row()
-    )
+    return Action(**planned_action(**fields).row())
 
 
 def insert_actions(session: Session, actions: Sequence[NewAction]) -> None:
