@@ -37,6 +37,7 @@ import boto3
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.storage.s3 import S3Storage
+from bench.import_tree import rclone_s3
 from bench.transfer_parts import (
     BIN,
     ENV,
@@ -46,7 +47,6 @@ from bench.transfer_parts import (
     Moved,
     Service,
     moto_server,
-    rclone_server,
     timed,
 )
 
@@ -89,8 +89,8 @@ def move_case(
         "RCLONE_CONFIG_MOTO_TYPE": "s3",
         "RCLONE_CONFIG_MOTO_PROVIDER": "Other",
         "RCLONE_CONFIG_MOTO_ENDPOINT": s3_url,
-        "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": "bench",
-        "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": "bench",
+        "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": ENV["AWS_ACCESS_KEY_ID"],
+        "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": ENV["AWS_SECRET_ACCESS_KEY"],
     }
     s5 = [str(BIN / "s5cmd"), "--endpoint-url", s3_url]
     rclone = [str(BIN / "rclone")]
@@ -247,7 +247,7 @@ def main() -> None:
             folder.mkdir(parents=True)
             for i in range(args.delete_objects):
                 (folder / f"o{i:06d}").write_bytes(b"x")
-        with rclone_server(served) as rclone_url:
+        with rclone_s3(served, work / "rclone.log") as (rclone_url, _pid):
             storage = S3Storage("del", "", endpoint_url=rclone_url)
             started = time.perf_counter()
             deleted = storage.delete_prefix("svc")

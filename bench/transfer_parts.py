@@ -22,43 +22,19 @@ from typing import Any
 
 import yaml
 
-from bench.import_tree import free_port
+from bench.import_tree import S3_ENV, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 MiB = 1024 * 1024
-ENV = {
-    "AWS_ACCESS_KEY_ID": "bench",
-    "AWS_SECRET_ACCESS_KEY": "bench",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
+ENV = S3_ENV  # moto takes any keys; rclone serve s3 (import_tree.rclone_s3) these
 
 
 @contextmanager
 def moto_server() -> Iterator[str]:
     port = free_port()
     with serving([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port) as url:
-        yield url
-
-
-@contextmanager
-def rclone_server(root: Path) -> Iterator[str]:
-    port = free_port()
-    key = f"{ENV['AWS_ACCESS_KEY_ID']},{ENV['AWS_SECRET_ACCESS_KEY']}"
-    command = [
-        str(BIN / "rclone"),
-        "serve",
-        "s3",
-        "--config",
-        os.devnull,
-        "--auth-key",
-        key,
-        "--addr",
-        f"127.0.0.1:{port}",
-        str(root),
-    ]
-    with serving(command, port) as url:
         yield url
 
 
