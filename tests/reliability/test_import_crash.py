@@ -5,6 +5,7 @@ tree again afterwards registers nothing."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +51,15 @@ def poll(client: httpx.Client, import_id: str, until: Any) -> dict[str, Any]:
 
 
 def test_a_killed_import_is_taken_over_and_finished_once(database: str, tmp_path: Path) -> None:
-    service = Service(tmp_path, database, CKPT_IMPORT_LEASE="2s", CKPT_SWEEP_INTERVAL="1h")
+    # The first process SIGKILLs itself right after its second batch commits: killed
+    # mid-tree however fast the machine imports, with no race against the test.
+    service = Service(
+        tmp_path,
+        database,
+        CKPT_IMPORT_LEASE="2s",
+        CKPT_SWEEP_INTERVAL="1h",
+        CKPT_CRASH_AT="import.batch_committed#2",
+    )
     root = service.tier_dir("hot") / "legacy"
     objects = write_tree(root)
     total = RUNS * STEPS
@@ -60,10 +69,9 @@ def test_a_killed_import_is_taken_over_and_finished_once(database: str, tmp_path
             started = client.post("/v1/imports", json={"uri": f"file://{root}", "project": "p"})
             assert started.status_code == 202, started.text
             import_id = started.json()["id"]
-            poll(client, import_id, lambda b: b["registered"] >= 2000 or b["state"] != "running")
         assert service.process is not None
-        service.process.kill()  # SIGKILL: no shutdown, no last batch
-        service.process.wait(timeout=15)
+        assert service.process.wait(timeout=DEADLINE) == -signal.SIGKILL
+        del service.env["CKPT_CRASH_AT"]
 
         engine = create_engine(database)
         with engine.connect() as conn:

@@ -1,8 +1,9 @@
 """Crash injection: named points in the worker where a test can have the process kill itself.
 
 The executor calls `crash_point(name)` right after every storage call and every catalog
-commit. In production neither variable below is set and a call costs two dictionary
-lookups. The reliability tests set them in a worker process:
+commit; an import calls it after each batch it commits. In production neither variable
+below is set and a call costs two dictionary lookups. The reliability tests set them in a
+worker process:
 
 - `CKPT_CRASH_AT=<name>` or `<name>#<n>`: the process sends itself SIGKILL the first (or
   the n-th) time it reaches that point. No handler, no cleanup, no flush: the way a worker
@@ -11,8 +12,9 @@ lookups. The reliability tests set them in a worker process:
   `<name>#<n>` (the n-th time this process reached it), so a test learns which points an
   action passes through without listing them by hand.
 
-Every name must be declared in `POINTS`; reaching an undeclared one while tracing or
-crashing raises, so a new point cannot escape the tests that cover every declared one.
+Every name must be declared in `POINTS` or `IMPORT_POINTS`; reaching an undeclared one
+while tracing or crashing raises, so a new point cannot escape the tests that cover every
+declared one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ POINTS: tuple[str, ...] = (
     "action.retry_scheduled",  # a storage error: pending again later, or failed at the cap
 )
 
-_DECLARED = frozenset(POINTS)
+# An import's points: after a batch is committed, so a killed import always has one to
+# resume from (and a test need not race the import to kill it mid-tree).
+IMPORT_POINTS: tuple[str, ...] = ("import.batch_committed",)
+
+_DECLARED = frozenset(POINTS + IMPORT_POINTS)
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 
@@ -67,7 +73,7 @@ def crash_point(name: str) -> None:
 
 def _reached(name: str, at: str | None, trace: str | None) -> None:
     if name not in _DECLARED:
-        raise UndeclaredCrashPoint(f"crash point {name!r} is not declared in POINTS")
+        raise UndeclaredCrashPoint(f"crash point {name!r} is not declared")
     with _lock:  # files copy in threads: one count per arrival, one whole line each
         count = _counts.get(name, 0) + 1
         _counts[name] = count

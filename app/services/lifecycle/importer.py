@@ -44,6 +44,7 @@ from app.services.catalog.adopted_runs import Adoption, Candidate
 from app.services.catalog.adoption import adopt
 from app.services.catalog.imports import LostLease, Progress
 from app.services.catalog.manifest import file_entry
+from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.sweep import run_sweep
 from app.storage.base import ObjectInfo, Storage, join_key
 from app.storage.registry import StorageRegistry
@@ -216,6 +217,7 @@ class Importer:
                     imports.record_progress(
                         session, row.id, self.owner, progress, outcome, lease=self.lease, now=now
                     )
+                crash_point("import.batch_committed")
 
             nonlocal pending
             if pending is not None:
