@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from app import console
 from app.api import (
     audit,
+    backtest,
     checkpoints,
     cost,
     errors,
@@ -125,6 +126,7 @@ def create_app(
         tiers,
         tokens,
         cost,
+        backtest,
         metrics,
         reconcile,
         imports,

@@ -101,7 +101,13 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def clean_engine(engine: Engine) -> Engine:
-    """The session's database, emptied before the test, its sequences started again.
+    """The session's database, emptied before the test (`empty`)."""
+    empty(engine)
+    return engine
+
+
+def empty(engine: Engine) -> None:
+    """Delete every row, its sequences started again.
 
     DELETE, children first, rather than TRUNCATE: a test leaves a few rows, and on
     PostgreSQL TRUNCATE of every table costs about 50 ms (it rewrites each relation) where
@@ -118,7 +124,6 @@ def clean_engine(engine: Engine) -> Engine:
             ).scalars()
             for sequence in sequences:
                 conn.execute(text(f'ALTER SEQUENCE "{sequence}" RESTART'))
-    return engine
 
 
 @pytest.fixture

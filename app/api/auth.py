@@ -100,6 +100,7 @@ RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
         # contract routes still to be built
         ("GET", "/v1/reports/cost"): Rule("read", ProjectFrom.LISTED),
         ("POST", "/v1/forecast"): READ,
+        ("POST", "/v1/backtest"): Rule("read", ProjectFrom.BODY),
         ("POST", "/v1/planner"): READ,
         ("GET", "/v1/reconcile"): ADMIN,
         ("POST", "/v1/reconcile/orphans/delete"): ADMIN,

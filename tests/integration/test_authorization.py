@@ -76,6 +76,7 @@ SPEC: dict[tuple[str, str], tuple[str | None, str]] = {
     # contract routes not built yet: here so they are checked the day they land
     ("GET", "/v1/reports/cost"): ("read", "none"),
     ("POST", "/v1/forecast"): ("read", "none"),
+    ("POST", "/v1/backtest"): ("read", "one"),
     ("POST", "/v1/planner"): ("read", "none"),
     ("GET", "/v1/reconcile"): ("admin", "none"),
     ("POST", "/v1/reconcile/orphans/delete"): ("admin", "none"),
@@ -244,6 +245,10 @@ BODIES: dict[tuple[str, str], BodyMaker] = {
     ("POST", "/v1/checkpoints/{checkpoint_id}/pin"): lambda w, side: {"reason": "matrix"},
     ("POST", "/v1/checkpoints/{checkpoint_id}/restore"): lambda w, side: {"tier": "cold"},
     ("POST", "/v1/plan"): lambda w, side: {"project": w.projects[side]},
+    ("POST", "/v1/backtest"): lambda w, side: {
+        "project": w.projects[side],
+        "policy": {"name": "matrix", "rules": []},
+    },
     ("POST", "/v1/imports"): lambda w, side: {
         "uri": _tree(w.data_dir, w.projects[side]),
         "project": w.projects[side],
