@@ -10,6 +10,7 @@ import typer
 from app.cli import (
     actions,
     audit,
+    backtest,
     checkpoints,
     cost,
     imports,
@@ -26,7 +27,7 @@ from app.cli.remote import root_options
 cli = typer.Typer(no_args_is_help=True, callback=root_options)
 for commands in (serve, roles, runs, checkpoints, actions, lifecycle, policies, cost, tokens):
     commands.register(cli)
-for commands in (audit, reconcile, imports):
+for commands in (audit, reconcile, imports, backtest):
     commands.register(cli)
 
 

@@ -1,6 +1,6 @@
 """A forecast, as the service answered it, as a picture: bytes per tier over time under the
-policy (stacked), the bytes of keeping everything, and both monthly costs on a second axis.
-PNG, no display needed."""
+policy (stacked), the bytes of keeping everything, and both monthly costs on a second axis;
+and a backtest: the candidate against what was actually stored. PNG, no display needed."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from app.api.backtest import BacktestRead
     from app.api.cost_schemas import ForecastRead
 
 TB = 10**12
@@ -72,6 +73,50 @@ def render_forecast(forecast: ForecastRead, path: Path) -> Path:
         f"{forecast.policy}: {runs} run{'s' if runs != 1 else ''} of "
         f"{forecast.run_days} days, {forecast.checkpoint_bytes / TB:g} TB checkpoints; "
         f"saves ${forecast.savings_usd:,.0f} over {forecast.horizon_days} days"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def render_backtest(result: BacktestRead, path: Path) -> Path:
+    """The candidate's bytes against what was actually stored, day by day, and both monthly
+    costs on a second axis; the days of regrets marked. PNG."""
+    from datetime import date
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    first = date.fromisoformat(result.series[0].day) if result.series else date.today()
+    days = [(date.fromisoformat(p.day) - first).days for p in result.series]
+    figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot(days, [p.bytes / TB for p in result.series], label=f"{result.policy} (candidate)")
+    axes.plot(days, [p.bytes / TB for p in result.actual.series], color="black", label="actual")
+    for regret in result.regrets:
+        used = (date.fromisoformat(regret.used_at[:10]) - first).days
+        axes.axvline(used, color="tab:orange", linewidth=0.8)
+    axes.set_xlabel(f"days since {first.isoformat()}")
+    axes.set_ylabel("stored (TB)")
+    axes.set_ylim(bottom=0)
+    cost = axes.twinx()
+    cost.plot(days, [p.usd_month for p in result.series], color="tab:red", label="$/month")
+    cost.plot(
+        days,
+        [p.usd_month for p in result.actual.series],
+        color="tab:red",
+        linestyle="--",
+        label="$/month, actual",
+    )
+    cost.set_ylabel("cost (USD per month)")
+    cost.set_ylim(bottom=0)
+    handles, labels = axes.get_legend_handles_labels()
+    more, more_labels = cost.get_legend_handles_labels()
+    axes.legend(handles + more, labels + more_labels, loc="upper left", fontsize="small")
+    axes.set_title(
+        f"{result.policy} against what happened: saves ${result.savings_usd:,.2f}; "
+        f"{len(result.regrets)} regret(s) (orange: when used)"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import time_machine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -53,7 +54,7 @@ class Catalog:
     """One catalog the script is played into."""
 
     app: FastAPI
-    client: TestClient
+    client: TestClient | httpx.Client
     data_dir: Path
     project: str = "proj"
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -128,7 +129,7 @@ def _settle(catalog: Catalog, run_id: str | None) -> None:
     make_executor(catalog.app, trash_retention=timedelta(0)).drain()
 
 
-def _stored(client: TestClient, project: str) -> dict[str, int]:
+def _stored(client: TestClient | httpx.Client, project: str) -> dict[str, int]:
     if not client.get("/v1/runs", params={"project": project}).json()["items"]:
         return {}
     answer = client.get("/v1/reports/cost", params={"group_by": "tier", "project": project})
@@ -138,7 +139,7 @@ def _stored(client: TestClient, project: str) -> dict[str, int]:
 
 
 def backtest(
-    client: TestClient, policy: str | dict[str, Any], days: int, **body: Any
+    client: TestClient | httpx.Client, policy: str | dict[str, Any], days: int, **body: Any
 ) -> dict[str, Any]:
     """POST /v1/backtest on the day after the script's last."""
     with time_machine.travel(START + days * DAY, tick=False):
