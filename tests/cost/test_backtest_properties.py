@@ -54,7 +54,7 @@ SCRIPT = [
     Op(at(11, 9), "pin", "y", 85),
 ]
 
-IN_FORCE = [
+IN_FORCE: list[dict[str, Any]] = [
     {"name": "rolling", "class": "rolling", "keep_last": 2, "action": "delete"},
     {"name": "cool", "class": "milestone", "when": {"age": "3d"}, "action": {"move_to": "cold"}},
 ]
