@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test screenshots soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports clean
+.PHONY: run test screenshots soak lint format bench bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports bench-backtest clean
 
 # The service and its client (a distribution of its own, client/), both editable.
 $(STAMP): pyproject.toml client/pyproject.toml
@@ -45,7 +45,7 @@ format: $(STAMP)
 	$(BIN)/ruff format app tests bench client
 	$(BIN)/ruff check --fix app tests bench client
 
-bench: bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports
+bench: bench-register bench-sweep bench-transfer bench-client bench-integrations bench-imports bench-backtest
 
 bench-register: $(STAMP)
 	$(BIN)/python bench/register.py
@@ -64,6 +64,9 @@ bench-integrations: $(STAMP)
 
 bench-imports: $(STAMP)
 	$(BIN)/python bench/imports.py
+
+bench-backtest: $(STAMP)
+	$(BIN)/python bench/backtest.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
