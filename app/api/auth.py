@@ -93,6 +93,8 @@ RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
         ("GET", "/v1/policies/{name}"): READ,
         ("PUT", "/v1/policies/{name}"): ADMIN,
         ("DELETE", "/v1/policies/{name}"): ADMIN,
+        # a shadow policy's record: its would-be actions on the caller's projects' runs
+        ("GET", "/v1/policies/{name}/shadow"): Rule("read", ProjectFrom.LISTED),
         ("GET", "/v1/tiers"): Rule("read", ProjectFrom.LISTED),  # usage: the caller's projects
         ("POST", "/v1/tokens"): ADMIN,
         ("GET", "/v1/tokens"): ADMIN,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter
@@ -10,7 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from app.api.cost_fields import policy_ref
 from app.api.deps import NowDep, PrincipalDep, SessionDep, SettingsDep, TiersDep
 from app.api.schemas import Name, Timestamp
-from app.cost.regrets import Regret
+from app.api.shadow_schemas import RegretRead
 from app.cost.usage_series import UsageSeries
 from app.services.catalog import runs
 from app.services.cost.backtest import ASSUMPTIONS, BacktestResult, backtest
@@ -41,17 +42,6 @@ class BacktestDay(BaseModel):
 class BacktestSeries(BaseModel):
     series: list[BacktestDay]
     total_usd: float = Field(description="storage over the window at the tiers' prices")
-
-
-class RegretRead(BaseModel):
-    checkpoint_id: str
-    run_id: str
-    step: int
-    action: str = Field(description="delete, or move (to_tier)")
-    to_tier: str | None
-    would_delete_at: str = Field(description="when the candidate would have deleted or moved it")
-    used_at: str
-    use: str = Field(description="restored, pinned or resumed_from")
 
 
 class BacktestRead(BacktestSeries):
@@ -116,19 +106,6 @@ def _series(usage: UsageSeries) -> BacktestSeries:
     )
 
 
-def _regret(r: Regret) -> RegretRead:
-    return RegretRead(
-        checkpoint_id=r.checkpoint_id,
-        run_id=r.run_id,
-        step=r.step,
-        action=r.action,
-        to_tier=r.to_tier,
-        would_delete_at=_iso(r.would_delete_at),
-        used_at=_iso(r.used_at),
-        use=r.use,
-    )
-
-
 def backtest_read(result: BacktestResult) -> BacktestRead:
     candidate = _series(result.candidate)
     return BacktestRead(
@@ -139,7 +116,7 @@ def backtest_read(result: BacktestResult) -> BacktestRead:
         total_usd=candidate.total_usd,
         actual=_series(result.actual),
         savings_usd=result.savings_usd,
-        regrets=[_regret(r) for r in result.regrets],
+        regrets=[RegretRead(**asdict(r)) for r in result.regrets],
         runs=result.runs,
         checkpoints=result.checkpoints,
         actions=result.actions,

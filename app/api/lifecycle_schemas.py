@@ -15,6 +15,10 @@ ActionState = Literal["held", "pending", "running", "done", "failed", "cancelled
 
 class PolicyRead(BaseModel):
     name: str
+    mode: Literal["enforce", "shadow"] = Field(
+        description="`shadow`: governs no run; its would-be actions are recorded only "
+        "(GET /v1/policies/{name}/shadow)"
+    )
     source: str
     updated_at: datetime
     updated_by: str | None

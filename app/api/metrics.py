@@ -5,8 +5,10 @@ Two sources in one answer:
   process and Python collectors: per process, so a separate `ckpt worker` or `ckpt
   scheduler` keeps its own and this endpoint shows only what this API process did;
 - at each scrape, read from the database that every replica shares, so the same from
-  any replica: the ledger's actions by kind and state, and each tier's bytes and
-  checkpoints (what GET /v1/tiers reports, every project included).
+  any replica: the ledger's actions by kind and state, each tier's bytes and
+  checkpoints (what GET /v1/tiers reports, every project included), and per shadow policy
+  how its shadow ledger differs from reality (app.services.cost.shadow_queries: grouped
+  statements, none when no policy is in shadow mode).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from app.domain.states import ActionKind, ActionState
 from app.domain.tier import Tier
 from app.services.catalog.checkpoints import count_drifting
 from app.services.catalog.tier_usage import tier_usage
+from app.services.cost.shadow_queries import ShadowFigures, shadow_figures
 from app.services.lifecycle import ledger
 
 router = APIRouter(tags=["metrics"])
@@ -46,6 +49,7 @@ class CatalogCollector:
             counts = ledger.count_by_kind_and_state(session)
             usage = tier_usage(session)
             drifting = count_drifting(session)
+            shadows = shadow_figures(session, self.tiers)
         actions = GaugeMetricFamily(
             "ckpt_actions",
             "Actions in the ledger by kind and state, now.",
@@ -78,6 +82,48 @@ class CatalogCollector:
             "Checkpoints whose files the last reconciliation found missing or changed.",
             value=drifting,
         )
+        yield from _shadow_metrics(shadows)
+
+
+SHADOW_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (
+        "bytes_freed",
+        "ckpt_shadow_bytes_freed",
+        "Bytes a shadow policy would have deleted that are still stored (active or trashed).",
+    ),
+    (
+        "usd_month",
+        "ckpt_shadow_usd_month",
+        "USD a month those bytes cost at their tiers' prices, plus what the shadow policy's "
+        "moves not made in reality would save.",
+    ),
+    (
+        "only_shadow",
+        "ckpt_shadow_only_shadow",
+        "Would-be actions of a shadow policy with no real action of the same checkpoint, kind "
+        "and target tier.",
+    ),
+    (
+        "only_enforced",
+        "ckpt_shadow_only_enforced",
+        "Rule-planned real actions with no would-be counterpart, on the runs the shadow policy "
+        "recorded would-be actions for.",
+    ),
+    (
+        "regrets",
+        "ckpt_shadow_regrets",
+        "Checkpoints a shadow policy would have deleted or moved that were restored, resumed "
+        "from or pinned after.",
+    ),
+)
+
+
+def _shadow_metrics(shadows: dict[str, ShadowFigures]) -> Iterator[Metric]:
+    for field, name, documentation in SHADOW_GAUGES:
+        gauge = GaugeMetricFamily(name, documentation, labels=["policy"])
+        for policy, figures in sorted(shadows.items()):
+            gauge.add_metric([policy], float(getattr(figures, field)))
+        yield gauge
 
 
 class _Scrape:

@@ -1,20 +1,29 @@
-"""Policies: list, read, replace (YAML or JSON), delete."""
+"""Policies: list, read, replace (YAML or JSON), delete; a shadow policy's record."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, status
 
 from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, TiersDep
 from app.api.lifecycle_schemas import PolicyRead
-from app.api.schemas import NAME_PATTERN, Page
+from app.api.schemas import NAME_PATTERN, Page, Timestamp
+from app.api.shadow_schemas import (
+    DivergenceRead,
+    DivergentRead,
+    RegretRead,
+    ShadowActionRead,
+    ShadowRead,
+)
 from app.db.models import PolicyRow
 from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.errors import Invalid
 from app.policy import loading
 from app.services.catalog import policies
+from app.services.cost.shadow import shadow_report
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -33,6 +42,7 @@ _BODY = {
 def _read(row: PolicyRow) -> PolicyRead:
     return PolicyRead(
         name=row.name,
+        mode=row.document.get("mode", "enforce"),
         source=row.source,
         updated_at=row.updated_at,
         updated_by=row.updated_by,
@@ -103,10 +113,46 @@ def put_policy(
     if dry_run:
         document = loading.to_document(policy)
         return PolicyRead(
-            name=name, source="api", updated_at=now, updated_by=principal.actor, policy=document
+            name=name,
+            mode=policy.mode,
+            source="api",
+            updated_at=now,
+            updated_by=principal.actor,
+            policy=document,
         )
     return _read(
         policies.store_policy(session, policy, source="api", actor=principal.actor, now=now)
+    )
+
+
+@router.get("/{name}/shadow")
+def get_shadow(
+    name: str,
+    session: SessionDep,
+    tiers: TiersDep,
+    principal: PrincipalDep,
+    since: Annotated[
+        Timestamp | None,
+        Query(description="ISO 8601 (without an offset it is UTC): what was recorded since"),
+    ] = None,
+) -> ShadowRead:
+    """What the policy would have done as a shadow policy (its would-be actions), how that
+    differs from what the policy in force did, and what people came back for that it would
+    have deleted or moved. A token bounded to some projects sees those projects' runs."""
+    report = shadow_report(
+        session, name=name, tiers=tiers, since=since, projects=principal.projects
+    )
+    return ShadowRead(
+        policy=report.policy,
+        mode=report.mode,
+        actions=[ShadowActionRead.model_validate(a, from_attributes=True) for a in report.actions],
+        divergence=DivergenceRead(
+            bytes_freed=report.bytes_freed,
+            usd_month=report.usd_month,
+            only_shadow=[DivergentRead(**asdict(d)) for d in report.only_shadow],
+            only_enforced=[DivergentRead(**asdict(d)) for d in report.only_enforced],
+        ),
+        regrets=[RegretRead(**asdict(r)) for r in report.regrets],
     )
 
 

@@ -60,8 +60,8 @@ def render_backtest_table(result: BacktestRead, every: int) -> None:
                 r.run_id,
                 str(r.step),
                 r.action if r.to_tier is None else f"move to {r.to_tier}",
-                r.would_delete_at[:16].replace("T", " "),
-                r.used_at[:16].replace("T", " "),
+                f"{r.would_delete_at:%Y-%m-%d %H:%M}",
+                f"{r.used_at:%Y-%m-%d %H:%M}",
                 r.use,
             )
             for r in result.regrets

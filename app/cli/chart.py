@@ -95,7 +95,7 @@ def render_backtest(result: BacktestRead, path: Path) -> Path:
     axes.plot(days, [p.bytes / TB for p in result.series], label=f"{result.policy} (candidate)")
     axes.plot(days, [p.bytes / TB for p in result.actual.series], color="black", label="actual")
     for regret in result.regrets:
-        used = (date.fromisoformat(regret.used_at[:10]) - first).days
+        used = (regret.used_at.date() - first).days
         axes.axvline(used, color="tab:orange", linewidth=0.8)
     axes.set_xlabel(f"days since {first.isoformat()}")
     axes.set_ylabel("stored (TB)")

@@ -1,4 +1,4 @@
-"""`ckpt policies list|show|put|delete` (the service's `/v1/policies`), and `validate` and
+"""`ckpt policies list|show|shadow|put|delete` (the service's `/v1/policies`), and `validate` and
 `schema`, which need no service: a policy file is checked on the machine it is written on,
 before anyone stores it. `ckpt policy` is the same group under its older name."""
 
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from app.cli.output import Column, emit_json, moment_text, print_table
+from app.cli.output import Column, emit_json, human_bytes, moment_text, print_table, usd_text
 from app.cli.remote import Remote, connected, segment, usage
 from app.domain.errors import AppError
 from app.policy.loading import parse_yaml, validate_policy
@@ -25,6 +25,7 @@ policies_cli = typer.Typer(
 )
 POLICY_COLUMNS = (
     Column("name", role="id"),
+    Column("mode"),
     Column("rules", justify="right"),
     Column("source", role="text", drop=2),
     Column("updated", drop=3),
@@ -71,12 +72,90 @@ def list_(remote: Remote, as_json: JsonOption = False) -> None:
         [
             (
                 r["name"],
+                r.get("mode", "enforce"),
                 str(len(r["policy"].get("rules", []))),
                 r["source"],
                 moment_text(r["updated_at"]),
                 r["updated_by"] or "",
             )
             for r in rows
+        ],
+    )
+
+
+@policies_cli.command("shadow")
+@connected
+def shadow(
+    remote: Remote,
+    name: Annotated[str, typer.Argument(help="the policy's name")],
+    since: Annotated[str | None, typer.Option(help="ISO 8601; default: all its history")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """What a policy in `mode: shadow` would have done, how that differs from the policy in
+    force, and its regrets (GET /v1/policies/NAME/shadow)."""
+    params = {"since": since} if since is not None else None
+    body = remote.call("GET", f"/v1/policies/{segment(name)}/shadow", params=params)
+    if as_json:
+        emit_json(body)
+        return
+    render_shadow(body)
+
+
+def render_shadow(body: dict[str, Any]) -> None:
+    divergence = body["divergence"]
+    typer.echo(
+        f"{body['policy']} ({body['mode']}): {len(body['actions'])} would-be action(s); "
+        f"it would free {human_bytes(divergence['bytes_freed'])} still stored, "
+        f"{usd_text(divergence['usd_month'])}/month; "
+        f"{len(divergence['only_shadow'])} only it would take, "
+        f"{len(divergence['only_enforced'])} only the policy in force took"
+    )
+    print_table(
+        "would-be actions",
+        (
+            Column("when"),
+            Column("checkpoint", role="id"),
+            Column("step", justify="right"),
+            Column("action"),
+            Column("rule", role="text", drop=1),
+            Column("bytes", justify="right", drop=2),
+        ),
+        [
+            (
+                moment_text(a["created_at"]),
+                a["checkpoint_id"],
+                str(a["step"]),
+                a["kind"] if a["to_tier"] is None else f"{a['kind']} to {a['to_tier']}",
+                a["rule"],
+                human_bytes(a["bytes"]),
+            )
+            for a in body["actions"]
+        ],
+    )
+    regrets = body["regrets"]
+    if not regrets:
+        typer.echo("regrets: none")
+        return
+    print_table(
+        f"regrets: {len(regrets)}",
+        (
+            Column("checkpoint", role="id"),
+            Column("step", justify="right"),
+            Column("would", drop=1),
+            Column("on"),
+            Column("used"),
+            Column("how"),
+        ),
+        [
+            (
+                r["checkpoint_id"],
+                str(r["step"]),
+                r["action"] if r["to_tier"] is None else f"move to {r['to_tier']}",
+                moment_text(r["would_delete_at"]),
+                moment_text(r["used_at"]),
+                r["use"],
+            )
+            for r in regrets
         ],
     )
 

@@ -234,6 +234,38 @@ class NewAction:
         return row
 
 
+class ShadowAction(Base):
+    """One would-be action of a shadow policy (DESIGN section 17): what the policy would have
+    done had it governed the run, recorded by the evaluation that found it and never carried
+    out (no storage work, no hold, no audit). `created_at` is that evaluation's `now`; each
+    (policy, checkpoint, kind, to_tier) is recorded once. Rows stay after the policy is
+    switched to `enforce` or deleted: the history stays readable."""
+
+    __tablename__ = "shadow_actions"
+    __table_args__ = (
+        Index("ix_shadow_actions_policy_created_at", "policy", "created_at"),
+        Index("ix_shadow_actions_checkpoint_id", "checkpoint_id"),
+        Index("ix_shadow_actions_run_id", "run_id"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    policy: Mapped[str] = mapped_column(NAME)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))  # delete | move | copy
+    from_tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    to_tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    rule: Mapped[str] = mapped_column(String(140))  # <policy>/<rule>
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    trigger: Mapped[str] = mapped_column(String(32))  # as the evaluation's sweep's
+    # The sweep row of the evaluation; NULL when it left none (a registration-triggered
+    # evaluation that planned no real action keeps no sweep row).
+    sweep_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+
+
 class PolicyRow(Base):
     """A validated policy document; the database holds the one set every replica runs."""
 

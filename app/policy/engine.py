@@ -21,17 +21,39 @@ GRACE = timedelta(seconds=60)
 def select_policy(policies: Iterable[Policy], run: RunSnapshot) -> Policy | None:
     """The one policy governing `run`: its explicit policy (none if that name is unknown:
     a missing policy must never widen to another), else the matching policy with the
-    highest priority (ties: the name that sorts first), else `default`, else none."""
-    by_name = {p.name: p for p in policies}
+    highest priority (ties: the name that sorts first), else `default`, else none. Shadow
+    policies govern no run: they are not candidates, and a run naming one is governed by
+    none."""
+    return _select(policies, run, None)
+
+
+def would_govern(candidate: Policy, policies: Iterable[Policy], run: RunSnapshot) -> bool:
+    """Whether `candidate` would govern `run` were it enforced, beside the enforced
+    `policies` (other shadow policies ignored, as every shadow policy is)."""
+    return _select(policies, run, candidate) is candidate
+
+
+def shadows_of(policies: Sequence[Policy], run: RunSnapshot) -> list[Policy]:
+    """The shadow policies among `policies` that would govern `run` under the usual rules,
+    each weighed against the enforced policies alone: S shadows the run when selecting
+    among the enforced policies and S (taken as enforced) chooses S."""
+    return [p for p in policies if not p.enforced and would_govern(p, policies, run)]
+
+
+def _select(policies: Iterable[Policy], run: RunSnapshot, extra: Policy | None) -> Policy | None:
+    by_name = {p.name: p for p in policies if p.mode == "enforce"}
+    if extra is not None:
+        by_name[extra.name] = extra
     if run.policy is not None:
         return by_name.get(run.policy)
-    matching = [p for p in by_name.values() if _applies(p, run)]
+    matching = [p for p in by_name.values() if applies(p, run)]
     if matching:
         return min(matching, key=lambda p: (-p.priority, p.name))
     return by_name.get("default")
 
 
-def _applies(policy: Policy, run: RunSnapshot) -> bool:
+def applies(policy: Policy, run: RunSnapshot) -> bool:
+    """Whether `applies_to` selects the run: a project glob matches, and every label."""
     scope = policy.applies_to
     if not any(fnmatch.fnmatchcase(run.project, pattern) for pattern in scope.projects):
         return False

@@ -190,12 +190,22 @@ class Rule(Strict):
         return parts
 
 
+Mode = Literal["enforce", "shadow"]
+
+
 class Policy(Strict):
     name: Name
     description: str = ""
+    # `shadow`: governs no run; evaluated beside the governing policy of the runs it would
+    # govern, its would-be actions recorded and never carried out (DESIGN section 17)
+    mode: Mode = "enforce"
     applies_to: AppliesTo = AppliesTo()
     priority: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] = 0
     rules: list[Rule] = []
+
+    @property
+    def enforced(self) -> bool:
+        return self.mode == "enforce"
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> Policy:

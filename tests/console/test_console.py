@@ -34,8 +34,10 @@ def test_find_a_run_open_it_and_pin_a_checkpoint(
     page, _ = recorded
     sign_in(page, catalog)
     page.get_by_role("link", name="Runs").click()
-    page.get_by_label("Project").fill("llm")
-    page.get_by_label("Project").press("Enter")  # the keyboard submits the filter
+    # the overview's "Cost by project" is still on screen until the Runs page replaces it
+    expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible()
+    page.get_by_label("Project", exact=True).fill("llm")
+    page.get_by_label("Project", exact=True).press("Enter")  # the keyboard submits the filter
     runs = page.get_by_role("table", name="Runs")
     expect(runs.get_by_role("row")).to_have_count(2)  # the heading and gpt-small
     runs.get_by_role("link", name="gpt-small").click()

@@ -69,6 +69,7 @@ SPEC: dict[tuple[str, str], tuple[str | None, str]] = {
     ("GET", "/v1/policies/{name}"): ("read", "none"),
     ("PUT", "/v1/policies/{name}"): ("admin", "none"),
     ("DELETE", "/v1/policies/{name}"): ("admin", "none"),
+    ("GET", "/v1/policies/{name}/shadow"): ("read", "none"),
     ("GET", "/v1/tiers"): ("read", "none"),
     ("POST", "/v1/tokens"): ("admin", "none"),
     ("GET", "/v1/tokens"): ("admin", "none"),

@@ -217,6 +217,13 @@ def test_a_generated_client_calls_every_operation(
     forecast_body = m("ForecastRequest", {**forecast, "policy": "tiering"})
     predicted = call("POST", "/v1/forecast", 200, body=forecast_body)
     assert (predicted.policy, predicted.run_days) == ("tiering", 3)
+    replayed = call(
+        "POST",
+        "/v1/backtest",
+        200,
+        body=m("BacktestRequest", {"policy": "tiering", "project": "gen"}),
+    )
+    assert (replayed.policy, replayed.runs) == ("tiering", 1) and replayed.series
     sizing = call("POST", "/v1/planner", 200, body=m("PlannerRequest", {}))
     assert sizing.incomplete
     assert call("GET", "/v1/reconcile", 200).orphans == []
@@ -236,6 +243,8 @@ def test_a_generated_client_calls_every_operation(
     token = call("POST", "/v1/tokens", 201, body=m("TokenCreate", grant))
     assert token.token and token.id in [t.id for t in call("GET", "/v1/tokens", 200).items]
     call("DELETE", "/v1/tokens/{token_id}", 204, token_id=token.id)
+    shadowed = call("GET", "/v1/policies/{name}/shadow", 200, name="tiering")
+    assert (shadowed.policy, shadowed.mode, shadowed.actions) == ("tiering", "enforce", [])
     call("DELETE", "/v1/policies/{name}", 204, name="tiering")
 
     everything = {

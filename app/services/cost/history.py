@@ -11,7 +11,6 @@ are). Two passes over the trail, each ordered by id, read only the columns they 
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -36,7 +35,9 @@ from app.cost.backtest import (
 )
 from app.db.models import Action, AuditEvent, Checkpoint, Project, Run
 from app.domain.plan import RunSnapshot
+from app.policy.engine import applies
 from app.policy.schema import Policy
+from app.services.lifecycle.snapshot import read_runs, run_select
 
 WRITTEN = ("registered", "reserved")  # the first event of a checkpoint: where it was written
 PLACED = ("moved", "copied", "restored", "purged")  # its locations changed (purged: none)
@@ -60,11 +61,12 @@ def load_history(
     run_id: str | None,
     projects: Collection[str] | None,
 ) -> History:
-    """The history of the runs in scope that `policy`'s `applies_to` selects."""
+    """The history of the runs in scope that `policy`'s `applies_to` selects (priorities
+    and a run's own `policy` aside: the question is what the candidate would do to the runs
+    it names)."""
     scope = _scope(project, run_id, projects)
-    runs = [
-        r for r in (_run(row) for row in session.execute(_runs_query(scope))) if _applies(policy, r)
-    ]
+    found = read_runs(session, run_select().where(scope).order_by(Run.id), many=True)
+    runs = [r for r in found if applies(policy, r)]
     wanted = {r.id for r in runs}
     ranked = sorted({r.keep_best.metric for r in policy.rules if r.keep_best is not None})
     written = _written(session, scope)
@@ -117,49 +119,9 @@ def _scope(
     return and_(*conditions)
 
 
-def _runs_query(scope: ColumnElement[bool]) -> Any:
-    return (
-        select(
-            Run.id,
-            Project.name,
-            Run.name,
-            Run.status,
-            Run.labels,
-            Run.policy,
-            Run.resumed_from,
-            Run.ended_at,
-        )
-        .join(Project, Project.id == Run.project_id)
-        .where(scope)
-        .order_by(Run.id)
-    )
-
-
-def _run(row: Any) -> RunSnapshot:
-    return RunSnapshot(
-        id=row[0],
-        project=row[1],
-        name=row[2],
-        status=row[3],
-        labels=row[4] or {},
-        policy=row[5],
-        resumed_from=row[6],
-        ended_at=row[7],
-    )
-
-
 def _started(session: Session, scope: ColumnElement[bool]) -> list[_Started]:
     query = select(Run.id, Run.started_at).join(Project, Project.id == Run.project_id)
     return [_Started(i, at) for i, at in session.execute(query.where(scope))]
-
-
-def _applies(policy: Policy, run: RunSnapshot) -> bool:
-    """Whether the candidate's `applies_to` selects the run (priorities and a run's own
-    `policy` aside: the question is what the candidate would do to the runs it names)."""
-    scope = policy.applies_to
-    if not any(fnmatch.fnmatchcase(run.project, p) for p in scope.projects):
-        return False
-    return all(run.labels.get(k) == v for k, v in scope.labels.items())
 
 
 def _joined(query: Any) -> Any:

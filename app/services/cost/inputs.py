@@ -33,10 +33,19 @@ def resolve_policy(
     session: Session | None, tiers: Sequence[Tier], policy: str | Mapping[str, Any] | None
 ) -> Policy:
     """A stored policy by name (the one named `default` when None), or an inline policy
-    document validated against the tiers. Without a session only inline documents work."""
+    document validated against the tiers. Without a session only inline documents work.
+    The default stands for the runs no other policy governs: a `default` in shadow mode
+    governs none, so it is no default (named, a shadow policy resolves like any other)."""
     names = [t.name for t in tiers]
     chosen = DEFAULT_POLICY if policy is None else policy
-    return resolve_stored_or_inline(session, names, chosen, message_names_field=False)
+    resolved = resolve_stored_or_inline(session, names, chosen, message_names_field=False)
+    if policy is None and not resolved.enforced:
+        raise Invalid(
+            f"the policy named {DEFAULT_POLICY!r} is a shadow policy and governs no run: "
+            "name the policy to use",
+            field="policy",
+        )
+    return resolved
 
 
 EVERY_TIER = "*"

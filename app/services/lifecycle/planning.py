@@ -28,12 +28,13 @@ from app.domain.plan import Kept, PlannedAction, Skipped
 from app.domain.states import OPEN_STATES, ActionKind, ActionState
 from app.domain.tier import Tier
 from app.policy.due import next_change
-from app.policy.engine import evaluate, select_policy
+from app.policy.engine import evaluate, select_policy, shadows_of
 from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
 from app.services.catalog.run_totals import project_totals
 from app.services.lifecycle.locks import current_locks, hold_back_locked
-from app.services.lifecycle.snapshot import Scope, load_scope
+from app.services.lifecycle.shadow import ShadowPlanned, plan_shadows
+from app.services.lifecycle.snapshot import Scope, load_scope, restrict
 
 # Work whose action failed (its attempts spent, say while a provider is down) is planned
 # again only after a pause that doubles with each failure: a long outage then leaves a few
@@ -83,6 +84,8 @@ class CatalogPlan:
     skipped: list[Skipped] = field(default_factory=list)
     # (run id, next_due_at as read, next change by the clock) of each run, when asked
     next_due: list[tuple[str, datetime | None, datetime | None]] = field(default_factory=list)
+    # the shadow policies' new would-be actions, when asked (a sweep's)
+    shadow: list[ShadowPlanned] = field(default_factory=list)
 
     def fees_usd(self) -> float:
         """The one-off charges of every planned action whose cost was computed."""
@@ -233,13 +236,17 @@ def plan_catalog(
     trash_retention: timedelta | None = None,
     run_ids: Collection[str] | None = None,
     due: bool = False,
+    shadows: bool = False,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
     `projects` (a bounded caller's) narrows the whole catalog to those projects. Explained,
     a delete or move off a tier that bills deleted bytes says in its reason when its saving
     starts (after `trash_retention` and the tier's window; counted from the purge when None).
     `run_ids` (a periodic sweep's due runs) narrows it to those runs; with `due`, the plan
-    also says when each run's plan can next change by the clock (`next_due`).
+    also says when each run's plan can next change by the clock (`next_due`). With
+    `shadows` (a sweep's), the plan also holds the new would-be actions of the shadow
+    policies (`shadow`, app.services.lifecycle.shadow), and a run is next due when its
+    governing policy's plan or a shadow policy's can change; a what-if `policy` has none.
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -256,6 +263,7 @@ def plan_catalog(
             trash_retention=trash_retention,
             run_ids=run_ids,
             due=due,
+            shadows=shadows,
         )
 
 
@@ -285,6 +293,7 @@ def _plan(
     trash_retention: timedelta | None,
     run_ids: Collection[str] | None,
     due: bool,
+    shadows: bool,
 ) -> CatalogPlan:
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
@@ -295,6 +304,9 @@ def _plan(
         session, now, project=project, run_id=run_id, projects=projects, run_ids=run_ids
     )
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
+    # Without a shadow policy (the usual case) a sweep does not pay for them per run.
+    shadowing = shadows and any(not p.enforced for p in policies)
+    shadowed: dict[str, list[Policy]] = {}
     scope = load_scope(
         session,
         project=project,
@@ -316,9 +328,15 @@ def _plan(
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
+        shadows_here = shadows_of(policies, run) if shadowing else []
+        if shadows_here:
+            shadowed[run.id] = shadows_here
         if due:
             also = [t for c in checkpoints for t in waits.get(c.id, ())]
             found = next_change(governing, run, checkpoints, now, also)
+            for shadow_policy in shadows_here:  # due when any of its plans may change
+                other = next_change(shadow_policy, run, checkpoints, now, also)
+                found = min((t for t in (found, other) if t is not None), default=None)
             plan.next_due.append((run.id, run.next_due_at, found))
         if governing is None:
             if not explain:
@@ -381,4 +399,15 @@ def _plan(
             else:
                 state = "held" if held and a.kind == ActionKind.DELETE else "pending"
                 plan.items.append(PlanItem(a, state, cost=cost, storage=storage))
+    if shadowed:
+        plan.shadow = plan_shadows(
+            session,
+            scope=scope,
+            shadowed=shadowed,
+            narrow=lambda stmt: restrict(stmt, project, run_id, projects, run_ids),
+            now=now,
+            tiers=tiers,
+            prices=prices,
+            locks=locks,
+        )
     return plan

@@ -55,6 +55,39 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+def run_select() -> Select:  # type: ignore[type-arg]
+    """The runs as the engine reads them (read_runs builds their snapshots)."""
+    return select(
+        Run.id,
+        Project.name,
+        Run.name,
+        Run.status,
+        Run.labels,
+        Run.policy,
+        Run.resumed_from,
+        Run.ended_at,
+        Run.next_due_at,
+    ).join(Project, Project.id == Run.project_id)
+
+
+def read_runs(session: Session, stmt: Select, *, many: bool) -> list[RunSnapshot]:  # type: ignore[type-arg]
+    """The snapshots of the runs a narrowed run_select() finds."""
+    return [
+        RunSnapshot(
+            id=r[0],
+            project=r[1],
+            name=r[2],
+            status=r[3],
+            labels=r[4] or {},
+            policy=r[5],
+            resumed_from=r[6],
+            ended_at=r[7],
+            next_due_at=_utc(r[8]),
+        )
+        for r in fetch_all(session, stmt, many=many)
+    ]
+
+
 def load_scope(
     session: Session,
     *,
@@ -72,17 +105,7 @@ def load_scope(
     read as numbers by the database: parsing every checkpoint's JSON took more than half of
     a million-checkpoint plan."""
     many = run_id is None  # one run's rows are few
-    run_stmt = select(
-        Run.id,
-        Project.name,
-        Run.name,
-        Run.status,
-        Run.labels,
-        Run.policy,
-        Run.resumed_from,
-        Run.ended_at,
-        Run.next_due_at,
-    ).join(Project, Project.id == Run.project_id)
+    run_stmt = run_select()
     if run_ids is not None:  # the runs a periodic sweep found due
         run_stmt = run_stmt.where(Run.id.in_(sorted(run_ids)))
     elif run_id is not None:
@@ -91,20 +114,7 @@ def load_scope(
         run_stmt = run_stmt.where(Project.name == project)
     elif projects is not None:
         run_stmt = run_stmt.where(Project.name.in_(sorted(projects)))
-    runs = [
-        RunSnapshot(
-            id=r[0],
-            project=r[1],
-            name=r[2],
-            status=r[3],
-            labels=r[4] or {},
-            policy=r[5],
-            resumed_from=r[6],
-            ended_at=r[7],
-            next_due_at=_utc(r[8]),
-        )
-        for r in fetch_all(session, run_stmt, many=many)
-    ]
+    runs = read_runs(session, run_stmt, many=many)
     names = sorted(metrics or ())
     # The primary tier: a join for a whole catalog or project (one pass over `locations`),
     # a lookup per checkpoint for a few runs (a sweep's due runs), where PostgreSQL would

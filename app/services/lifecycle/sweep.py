@@ -22,6 +22,7 @@ from app.services.catalog import audit
 from app.services.catalog.due_runs import due_run_ids, record_next_due
 from app.services.lifecycle.ledger import insert_actions, planned_action
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
+from app.services.lifecycle.shadow import record_shadows
 
 SWEEP_LOCK_KEY = 0x636B7074  # "ckpt": one evaluation writes to the ledger at a time
 
@@ -61,6 +62,9 @@ def run_sweep(
     With `due_only` (the periodic sweep) only the runs whose plan may have changed are
     evaluated (catalog.due_runs); every evaluation under the governing policies writes when
     each run it evaluated is due again.
+
+    Each evaluated run that a shadow policy would govern is evaluated under it too, and its
+    would-be actions go to the shadow ledger (app.services.lifecycle.shadow), nothing else.
     """
     session = factory()
     try:
@@ -77,6 +81,7 @@ def run_sweep(
                     explain=False,
                     run_ids=run_ids,
                     due=policy is None,
+                    shadows=policy is None,
                 )
                 if run_ids != []
                 else CatalogPlan()
@@ -119,8 +124,12 @@ def run_sweep(
             audit.record_many(session, events)
             sweep.actions = len(created)
             sweep.finished_at = now
-            if not created and trigger == "registration":
+            kept = bool(created) or trigger != "registration"
+            if not kept:
                 session.expunge(sweep)
+            record_shadows(
+                session, plan.shadow, trigger=trigger, sweep_id=sweep.id if kept else None
+            )
             if answers_request is not None and run_id is not None:
                 session.execute(
                     update(Run)

@@ -118,8 +118,9 @@ export function stepChart(checkpoints, { label, format }) {
   return h("figure", {}, svg, legend(tiers, [h("span", { class: "muted" }, "hollow: deleted or trashed · large: pinned")]));
 }
 
-// Lines over days: [{name, colour, points: [[x, y]]}].
-export function lineChart(series, { label, format, xLabel = "day" }) {
+// Lines over days: [{name, colour, points: [[x, y]]}]; `formatX` names an x tick (by
+// default its number).
+export function lineChart(series, { label, format, xLabel = "day", formatX = (v) => String(Math.round(v)) }) {
   const width = 760;
   const height = 280;
   const box = { left: 70, top: 22, width: width - 90, height: height - 70 };
@@ -129,12 +130,17 @@ export function lineChart(series, { label, format, xLabel = "day" }) {
   const ys = series.flatMap((line) => line.points.map(([, y]) => y));
   const xMax = Math.max(1, ...xs);
   const yMax = Math.max(1e-9, ...ys);
-  axes(svg, box, xMax, yMax, (v) => String(Math.round(v)), format, xLabel);
+  axes(svg, box, xMax, yMax, formatX, format, xLabel);
   for (const line of series) {
     const d = line.points
       .map(([x, y], i) => `${i ? "L" : "M"}${(box.left + (box.width * x) / xMax).toFixed(1)},${(box.top + box.height - (box.height * y) / yMax).toFixed(1)}`)
       .join(" ");
     svg.append(s("path", { d, fill: "none", stroke: line.colour, "stroke-width": 2.5, "data-series": line.name }, s("title", {}, line.name)));
+    if (line.points.length === 1) {
+      // a path through one point draws nothing: a dot shows it
+      const [[x, y]] = line.points;
+      svg.append(s("circle", { cx: box.left + (box.width * x) / xMax, cy: box.top + box.height - (box.height * y) / yMax, r: 4, fill: line.colour }));
+    }
   }
   return h("figure", {}, svg, legend(new Map(series.map((line) => [line.name, line.colour]))));
 }

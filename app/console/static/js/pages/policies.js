@@ -3,6 +3,7 @@
 import { dump, load } from "../../vendor/js-yaml.mjs";
 import { all, api, query, session } from "../api.js";
 import { bytes, confirmAction, debounce, h, notice, problemNotice, table, usd, when } from "../ui.js";
+import { backtestPanel } from "./backtest.js";
 
 export async function policiesPage() {
   const policies = await all("/v1/policies");
@@ -119,9 +120,11 @@ export async function policyPage(params, name) {
     }
   };
 
+  const backtest = backtestPanel({ draft: parsed, projects });
   const typed = debounce(validate, 350);
   editor.addEventListener("input", () => {
     previewed = null;
+    backtest.changed();
     typed();
   });
   nameInput.addEventListener("input", typed);
@@ -147,6 +150,7 @@ export async function policyPage(params, name) {
       saved,
     ),
     h("section", { class: "card", "aria-label": "Preview" }, h("h2", {}, "What it would change"), preview),
+    backtest.element,
   );
 }
 
