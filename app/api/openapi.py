@@ -72,6 +72,7 @@ EXTRA: Mapping[tuple[str, str], tuple[int, ...]] = MappingProxyType(
         ("POST", "/v1/plan"): (404,),  # project, run_id or policy names nothing
         ("POST", "/v1/sweeps"): (404,),
         ("POST", "/v1/forecast"): (404,),  # policy names nothing
+        ("POST", "/v1/backtest"): (404,),  # project, run_id or policy names nothing
         # nothing stored under the uri; inside a catalogued checkpoint; the store is down
         ("POST", "/v1/imports"): (404, 409, 503),
     }
@@ -202,7 +203,7 @@ def document_policies(schema: dict[str, Any], tiers: list[Tier]) -> None:
     put = schema["paths"]["/v1/policies/{name}"]["put"]["requestBody"]["content"]
     for media in put.values():
         media["schema"] = reference
-    for model in ("PlanRequest", "ForecastRequest"):
+    for model in ("PlanRequest", "ForecastRequest", "BacktestRequest"):
         field = components.get(model, {}).get("properties", {}).get("policy", {})
         field["anyOf"] = [
             {"$ref": "#/components/schemas/policy.Policy"} if b.get("type") == "object" else b

@@ -42,13 +42,16 @@ def usage_series(
     until: datetime,
 ) -> UsageSeries:
     """The usage on each day from `since` to `until` (the last day ends at `until`), and the
-    storage bill over that window. Changes at `until` or after are left out."""
+    storage bill over that window (no day at all when `until` is not after `since`).
+    Changes at `until` or after are left out."""
     stored = dict.fromkeys(tiers, 0)
     changes = sorted((d for d in deltas if d.at < until), key=lambda d: d.at)
     rate = 0.0
     clock = since
     total = 0.0
     series: list[DayPoint] = []
+    if until <= since:
+        return UsageSeries((), 0.0)
     day = since.date()
     i = 0
 

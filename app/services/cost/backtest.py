@@ -10,10 +10,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from app.cost.backtest import Backtest
+from app.cost.backtest import Backtest, Outcome
 from app.cost.regrets import Regret, find_regrets
 from app.cost.usage_series import UsageSeries, usage_series
-from app.domain.errors import Invalid
 from app.domain.tier import Tier
 from app.policy.schema import Policy
 from app.services.cost.history import load_history
@@ -66,13 +65,13 @@ def backtest(
     until: datetime | None = None,
 ) -> BacktestResult:
     """Replay the history of the runs in scope under `policy` from their beginning; report
-    the window `since` .. `until` (default: the first event .. now)."""
+    the window `since` .. `until`: from the day of the first event at the earliest (no day
+    before it held anything) to now at the latest. A window with no day in it answers an
+    empty series, as a list filtered to nothing answers an empty page."""
     end = min(until, now) if until is not None else now
     history = load_history(session, policy, project=project, run_id=run_id, projects=projects)
-    first = history.first or end
-    start = since if since is not None else first.replace(hour=0, minute=0, second=0, microsecond=0)
-    if start >= end:
-        raise Invalid("since must lie before until (and before now)", field="since")
+    first = (history.first or end).replace(hour=0, minute=0, second=0, microsecond=0)
+    start = max(since, first) if since is not None else first
     replay = Backtest(
         policy,
         history.runs,
@@ -80,7 +79,7 @@ def backtest(
         tier_ranks={t.name: t.rank for t in tiers},
         trash_retention=trash_retention,
     )
-    outcome = replay.play(history.events, end)
+    outcome = replay.play(history.events, end) if start < end else Outcome([], [])
     prices = tier_prices(tiers)
     names = [t.name for t in tiers]
     uses = load_uses(session, {w.checkpoint_id for w in outcome.would})
