@@ -164,7 +164,8 @@ class Backtest:
             self._add(e.at, c.tiers, c.size_bytes)
         elif c is None:
             if e.kind == UNDELETED and checkpoint_id in self.trash:
-                _, was = self.trash.pop(checkpoint_id)
+                purge, was = self.trash.pop(checkpoint_id)
+                self._add(purge, was.tiers, was.size_bytes)  # its purge will not come
                 live[checkpoint_id] = was._replace(protected_until=e.at + self.retention)
         elif e.kind in (PINNED, UNPINNED):
             live[c.id] = c._replace(pinned=e.kind == PINNED)
