@@ -370,5 +370,6 @@ def token_client(app: FastAPI, secret: str | None) -> TestClient:
 def with_tiers(settings: Settings, tiers: list[dict[str, Any]]) -> Settings:
     """`settings` with a tiers file holding `tiers` (written beside the data directory)."""
     path = settings.data_dir.parent / "tiers.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"tiers": tiers}))
     return settings.model_copy(update={"tiers_file": path})

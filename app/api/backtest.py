@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import date, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter
@@ -33,7 +34,7 @@ class BacktestRequest(BaseModel):
 
 
 class BacktestDay(BaseModel):
-    day: str = Field(description="a UTC calendar day, YYYY-MM-DD; usage at its end")
+    day: date = Field(description="a UTC calendar day; usage at its end")
     bytes: int
     bytes_by_tier: dict[str, int]
     usd_month: float
@@ -46,8 +47,8 @@ class BacktestSeries(BaseModel):
 
 class BacktestRead(BacktestSeries):
     policy: str
-    since: str
-    until: str
+    since: datetime
+    until: datetime
     actual: BacktestSeries
     savings_usd: float = Field(description="actual total_usd minus the candidate's")
     regrets: list[RegretRead]
@@ -87,15 +88,11 @@ def run_backtest(
     return backtest_read(result)
 
 
-def _iso(moment: Any) -> str:
-    return str(moment.isoformat().replace("+00:00", "Z"))
-
-
 def _series(usage: UsageSeries) -> BacktestSeries:
     return BacktestSeries(
         series=[
             BacktestDay(
-                day=p.day.isoformat(),
+                day=p.day,
                 bytes=p.bytes,
                 bytes_by_tier=dict(p.bytes_by_tier),
                 usd_month=p.usd_month,
@@ -110,8 +107,8 @@ def backtest_read(result: BacktestResult) -> BacktestRead:
     candidate = _series(result.candidate)
     return BacktestRead(
         policy=result.policy,
-        since=_iso(result.since),
-        until=_iso(result.until),
+        since=result.since,
+        until=result.until,
         series=candidate.series,
         total_usd=candidate.total_usd,
         actual=_series(result.actual),

@@ -11,7 +11,7 @@ import typer
 
 from app.cli.chart import MISSING, can_draw, render_backtest
 from app.cli.lifecycle import what_if
-from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd_text
+from app.cli.output import Column, human_bytes, print_table, progress, show_answer, usd_text
 from app.cli.remote import Remote, connected, usage
 
 if TYPE_CHECKING:
@@ -28,13 +28,13 @@ def render_backtest_table(result: BacktestRead, every: int) -> None:
     )
     days = list(zip(result.series, result.actual.series, strict=True))
     rows = [
-        (c.day, human_bytes(c.bytes), usd_text(c.usd_month), human_bytes(a.bytes),
+        (c.day.isoformat(), human_bytes(c.bytes), usd_text(c.usd_month), human_bytes(a.bytes),
          usd_text(a.usd_month))
         for i, (c, a) in enumerate(days)
         if i % every == 0 or i == len(days) - 1
     ]  # fmt: skip
-    title = f"backtest: policy {result.policy}, {result.runs} run(s), {result.since[:10]} .. "
-    print_table(title + result.until[:10], columns, rows)
+    title = f"backtest: policy {result.policy}, {result.runs} run(s), {result.since:%Y-%m-%d} .. "
+    print_table(title + f"{result.until:%Y-%m-%d}", columns, rows)
     typer.echo(
         f"storage over the window: {usd_text(result.total_usd)} under {result.policy}, "
         f"{usd_text(result.actual.total_usd)} actually; "
@@ -102,11 +102,10 @@ def register(cli: typer.Typer) -> None:
         from app.api.backtest import BacktestRead
 
         result = BacktestRead.model_validate(answer)
-        if as_json:
-            emit_json(answer)
-        else:
-            render_backtest_table(result, every)
-        if not no_chart:
-            with progress(f"drawing {chart}"):
-                written = render_backtest(result, chart)
-            typer.echo(f"chart: {written}", err=as_json)
+        show_answer(
+            answer,
+            as_json=as_json,
+            table=lambda: render_backtest_table(result, every),
+            chart=chart,
+            draw=None if no_chart else lambda path: render_backtest(result, path),
+        )

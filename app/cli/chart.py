@@ -5,10 +5,14 @@ and a backtest: the candidate against what was actually stored. PNG, no display 
 from __future__ import annotations
 
 import importlib.util
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from app.api.backtest import BacktestRead
     from app.api.cost_schemas import ForecastRead
 
@@ -26,17 +30,11 @@ def can_draw() -> bool:
 
 def render_forecast(forecast: ForecastRead, path: Path) -> Path:
     """Write the chart of `forecast` to `path` (PNG) and return the path."""
-    # Imported here: plotting is the slow import of the package and only this needs it.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     policy, keep = forecast, forecast.keep_everything
     days = [point.day for point in policy.series]
     tiers = list(policy.series[0].bytes_by_tier) if policy.series else []
     stacks = [[p.bytes_by_tier.get(t, 0) / TB for p in policy.series] for t in tiers]
-    figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    figure, axes = _figure()
     shown = [(t, s) for t, s in zip(tiers, stacks, strict=True) if any(s)]
     if shown:
         axes.stackplot(days, *[s for _t, s in shown], labels=[f"on {t}" for t, _s in shown])
@@ -54,44 +52,27 @@ def render_forecast(forecast: ForecastRead, path: Path) -> Path:
     run_end = forecast.run_days
     axes.axvline(run_end, color="grey", linestyle=":", linewidth=1)
     axes.annotate("run ends", (run_end, 0), xytext=(3, 3), textcoords="offset points")
-    cost = axes.twinx()
-    cost.plot(days, [p.usd_month for p in policy.series], color="tab:red", label="$/month, policy")
-    cost.plot(
+    _costs(
+        axes,
         days,
-        [p.usd_month for p in keep.series],
-        color="tab:red",
-        linestyle="--",
-        label="$/month, keep everything",
+        ("$/month, policy", [p.usd_month for p in policy.series]),
+        ("$/month, keep everything", [p.usd_month for p in keep.series]),
     )
-    cost.set_ylabel("cost (USD per month)")
-    cost.set_ylim(bottom=0)
-    handles, labels = axes.get_legend_handles_labels()
-    more, more_labels = cost.get_legend_handles_labels()
-    axes.legend(handles + more, labels + more_labels, loc="upper left", fontsize="small")
     runs = forecast.concurrent_runs
     axes.set_title(
         f"{forecast.policy}: {runs} run{'s' if runs != 1 else ''} of "
         f"{forecast.run_days} days, {forecast.checkpoint_bytes / TB:g} TB checkpoints; "
         f"saves ${forecast.savings_usd:,.0f} over {forecast.horizon_days} days"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    return _save(figure, path)
 
 
 def render_backtest(result: BacktestRead, path: Path) -> Path:
     """The candidate's bytes against what was actually stored, day by day, and both monthly
     costs on a second axis; the days of regrets marked. PNG."""
-    from datetime import date
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    first = date.fromisoformat(result.series[0].day) if result.series else date.today()
-    days = [(date.fromisoformat(p.day) - first).days for p in result.series]
-    figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    first = result.series[0].day if result.series else date.today()
+    days = [(p.day - first).days for p in result.series]
+    figure, axes = _figure()
     axes.plot(days, [p.bytes / TB for p in result.series], label=f"{result.policy} (candidate)")
     axes.plot(days, [p.bytes / TB for p in result.actual.series], color="black", label="actual")
     for regret in result.regrets:
@@ -100,24 +81,45 @@ def render_backtest(result: BacktestRead, path: Path) -> Path:
     axes.set_xlabel(f"days since {first.isoformat()}")
     axes.set_ylabel("stored (TB)")
     axes.set_ylim(bottom=0)
-    cost = axes.twinx()
-    cost.plot(days, [p.usd_month for p in result.series], color="tab:red", label="$/month")
-    cost.plot(
+    _costs(
+        axes,
         days,
-        [p.usd_month for p in result.actual.series],
-        color="tab:red",
-        linestyle="--",
-        label="$/month, actual",
+        ("$/month", [p.usd_month for p in result.series]),
+        ("$/month, actual", [p.usd_month for p in result.actual.series]),
     )
+    axes.set_title(
+        f"{result.policy} against what happened: saves ${result.savings_usd:,.2f}; "
+        f"{len(result.regrets)} regret(s) (orange: when used)"
+    )
+    return _save(figure, path)
+
+
+def _figure() -> tuple[Figure, Axes]:
+    # Imported here: plotting is the slow import of the package and only a chart needs it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _costs(
+    axes: Axes, days: list[int], ours: tuple[str, list[float]], theirs: tuple[str, list[float]]
+) -> None:
+    """Both monthly costs on a second axis (ours solid, the comparison dashed), and one
+    legend for both axes."""
+    cost = axes.twinx()
+    cost.plot(days, ours[1], color="tab:red", label=ours[0])
+    cost.plot(days, theirs[1], color="tab:red", linestyle="--", label=theirs[0])
     cost.set_ylabel("cost (USD per month)")
     cost.set_ylim(bottom=0)
     handles, labels = axes.get_legend_handles_labels()
     more, more_labels = cost.get_legend_handles_labels()
     axes.legend(handles + more, labels + more_labels, loc="upper left", fontsize="small")
-    axes.set_title(
-        f"{result.policy} against what happened: saves ${result.savings_usd:,.2f}; "
-        f"{len(result.regrets)} regret(s) (orange: when used)"
-    )
+
+
+def _save(figure: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
     return path

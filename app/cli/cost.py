@@ -12,7 +12,15 @@ import typer
 
 from app.cli.chart import MISSING, can_draw, render_forecast
 from app.cli.lifecycle import what_if
-from app.cli.output import Column, emit_json, human_bytes, print_table, progress, usd
+from app.cli.output import (
+    Column,
+    emit_json,
+    human_bytes,
+    print_table,
+    progress,
+    show_answer,
+    usd,
+)
 from app.cli.remote import Remote, connected, usage
 
 if TYPE_CHECKING:  # the answers' models, imported when an answer is read: they pull in the
@@ -266,14 +274,13 @@ def register(cli: typer.Typer) -> None:
         from app.api.cost_schemas import ForecastRead
 
         result = ForecastRead.model_validate(answer)
-        if as_json:
-            emit_json(answer)
-        else:
-            render_forecast_table(result, every)
-        if not no_chart:
-            with progress(f"drawing {chart}"):
-                written = render_forecast(result, chart)
-            typer.echo(f"chart: {written}", err=as_json)
+        show_answer(
+            answer,
+            as_json=as_json,
+            table=lambda: render_forecast_table(result, every),
+            chart=chart,
+            draw=None if no_chart else lambda path: render_forecast(result, path),
+        )
 
     @cli.command()
     @connected

@@ -98,7 +98,6 @@ class Backtest:
         self.next_due: list[tuple[datetime, str]] = []  # (when, run) a heap
         self.dirty: set[str] = set()  # runs whose plan may differ from their last one
         self.trash: dict[str, tuple[datetime, CheckpointSnapshot]] = {}  # manual deletes
-        self.gone: set[str] = set()  # deleted by the candidate (or for good)
         self.out = Outcome([], [])
         rules = policy.rules
         self.selects_all = any(r.classes is None for r in rules)
@@ -235,7 +234,6 @@ class Backtest:
         live = self.live[c.run_id]
         if kind == "delete":
             del live[c.id]
-            self.gone.add(c.id)
             self._remove(now + self.retention, c.tiers, c.size_bytes)
             self.out.would.append(WouldBe(c.id, c.run_id, c.step, "delete", now))
         elif kind == "move" and to is not None and c.tier is not None:

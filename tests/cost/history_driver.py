@@ -18,8 +18,11 @@ import httpx
 import time_machine
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
-from tests.builders import end_run, iso, ledger, make_executor, place_checkpoint
+from app.main import NO_BACKGROUND, create_app
+from app.settings import Settings
+from tests.builders import end_run, iso, ledger, make_executor, place_checkpoint, with_tiers
 
 START = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday
 DAY = timedelta(days=1)
@@ -32,8 +35,41 @@ TIERS: list[dict[str, Any]] = [
 ]
 
 
+# A policy stricter than the ones the tests live their history under: one rolling
+# checkpoint, and one milestone once the run ends.
+STRICT = """\
+name: strict
+applies_to: {projects: [proj]}
+rules:
+  - name: rolling-keep-1
+    class: rolling
+    keep_last: 1
+    action: delete
+  - name: milestones-gone
+    class: milestone
+    when: {run_ended: 0s}
+    keep_last: 1
+    action: delete
+"""
+
+
 def tiers_file(data_dir: Path) -> list[dict[str, Any]]:
     return [{**t, "url": f"file://{(data_dir / t['name']).resolve()}"} for t in TIERS]
+
+
+def priced_app(database_url: str, engine: Engine, data_dir: Path) -> FastAPI:
+    """An app on `engine` with the priced local tiers under `data_dir`, a trash that purges
+    at once, and no background thread (the driver evaluates and executes)."""
+    settings = Settings(
+        database_url=database_url,
+        data_dir=data_dir,
+        policies_dir=data_dir.parent / "policies",
+        auth="off",
+        trash_retention=timedelta(0),
+    )
+    return create_app(
+        with_tiers(settings, tiers_file(data_dir)), engine=engine, roles=NO_BACKGROUND
+    )
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,18 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.main import NO_BACKGROUND, create_app
-from app.settings import Settings
-from tests.builders import assert_problem, ledger, put_policy, with_tiers
+from tests.builders import assert_problem, ledger, put_policy
 from tests.conftest import empty
 from tests.cost.history_driver import (
     DAY,
     START,
+    STRICT,
     Catalog,
     Op,
     backtest,
     play,
+    priced_app,
     series_bytes,
-    tiers_file,
 )
 
 DAYS = 90
@@ -55,21 +54,6 @@ rules:
     class: final
     when: {run_ended: 0s}
     action: {copy_to: archive}
-"""
-
-STRICT = """\
-name: strict
-applies_to: {projects: [proj]}
-rules:
-  - name: rolling-keep-1
-    class: rolling
-    keep_last: 1
-    action: delete
-  - name: milestones-gone
-    class: milestone
-    when: {run_ended: 0s}
-    keep_last: 1
-    action: delete
 """
 
 
@@ -127,14 +111,7 @@ def worlds(
     project `copy` under the stricter policy enforced."""
     empty(engine)
     data_dir = tmp_path_factory.mktemp("lived") / "data"
-    settings = Settings(
-        database_url=database_url,
-        data_dir=data_dir,
-        policies_dir=data_dir.parent / "policies",
-        auth="off",
-        trash_retention=timedelta(0),
-    )
-    app = create_app(with_tiers(settings, tiers_file(data_dir)), engine=engine, roles=NO_BACKGROUND)
+    app = priced_app(database_url, engine, data_dir)
     with TestClient(app) as client:
         for policy in (IN_FORCE, SHADOW, ENFORCED_COPY):
             put_policy(client, policy)

@@ -20,11 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from app.main import NO_BACKGROUND, create_app
-from app.settings import Settings
-from tests.builders import put_policy, with_tiers
+from tests.builders import put_policy
 from tests.conftest import empty
-from tests.cost.history_driver import DAY, Catalog, Op, backtest, play, series_bytes, tiers_file
+from tests.cost.history_driver import DAY, Catalog, Op, backtest, play, priced_app, series_bytes
 
 DAYS = 14
 H = timedelta(hours=1)
@@ -91,14 +89,7 @@ def catalog_app(
 ) -> Iterator[tuple[Any, TestClient, Any]]:
     empty(engine)
     data_dir = tmp_path_factory.mktemp("property") / "data"
-    base = Settings(
-        database_url=database_url,
-        data_dir=data_dir,
-        policies_dir=data_dir.parent / "policies",
-        auth="off",
-        trash_retention=timedelta(0),
-    )
-    app = create_app(with_tiers(base, tiers_file(data_dir)), engine=engine, roles=NO_BACKGROUND)
+    app = priced_app(database_url, engine, data_dir)
     with TestClient(app) as client:
         yield app, client, data_dir
 

@@ -15,24 +15,11 @@ from typer.testing import Result
 
 from app.settings import Settings
 from tests.builders import with_tiers
-from tests.cost.history_driver import DAY, START, Catalog, Op, play, tiers_file
+from tests.cost.history_driver import DAY, START, STRICT, Catalog, Op, play, tiers_file
 from tests.integration.cli_service import Service
 
 DAYS = 30
 PNG = b"\x89PNG\r\n\x1a\n"
-STRICT = """\
-name: strict
-rules:
-  - name: rolling-keep-1
-    class: rolling
-    keep_last: 1
-    action: delete
-  - name: milestones-gone
-    class: milestone
-    when: {run_ended: 0s}
-    keep_last: 1
-    action: delete
-"""
 
 
 @pytest.fixture

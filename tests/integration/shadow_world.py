@@ -15,6 +15,7 @@ from app.db.models import ShadowAction
 from app.db.session import session_scope
 from app.services.lifecycle.sweep import requested_evaluations, run_sweep
 from app.settings import Settings
+from tests.builders import with_tiers
 
 # USD per GB-month of the four local tiers (S3 Standard, Standard-IA, Glacier IR, Deep Archive)
 TIER_PRICES = {"hot": 0.023, "warm": 0.0125, "cold": 0.004, "archive": 0.00099}
@@ -42,19 +43,12 @@ rules:
 
 def priced(settings: Settings) -> Settings:
     """`settings` with the four local tiers under its data directory, priced."""
-    data_dir = settings.data_dir
-    tiers_file = data_dir.parent / "tiers.yaml"
-    tiers_file.parent.mkdir(parents=True, exist_ok=True)
-    tiers_file.write_text(
-        "tiers:\n"
-        + "".join(
-            f"  - name: {name}\n"
-            f"    url: file://{(data_dir / name).resolve()}\n"
-            f"    price: {{storage_gb_month: {price}}}\n"
-            for name, price in TIER_PRICES.items()
-        )
-    )
-    return settings.model_copy(update={"tiers_file": tiers_file})
+    root = settings.data_dir
+    tiers = [
+        {"name": n, "url": f"file://{(root / n).resolve()}", "price": {"storage_gb_month": p}}
+        for n, p in TIER_PRICES.items()
+    ]
+    return with_tiers(settings, tiers)
 
 
 def usd_month(tier: str, size: int) -> float:
