@@ -11,11 +11,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Select, and_, select
+from sqlalchemy import Select, and_, null, select
 from sqlalchemy.orm import Session
 
 from app.db.dialect import fetch_all
 from app.db.models import Checkpoint, Location, Project, Run
+from app.db.streaming import stream_rows
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
 from app.domain.states import CheckpointState, RunStatus
 from app.services.catalog.runs import runs_in
@@ -141,7 +142,7 @@ def load_scope(
         *(
             [Checkpoint.metrics]
             if metrics is None
-            else [Checkpoint.metrics[name].as_float() for name in names]
+            else [Checkpoint.metrics[name].as_float() for name in names] or [null()]
         ),
     )
     if not few:
@@ -169,43 +170,60 @@ def load_scope(
         replicas[checkpoint_id].add(tier)
     by_run: dict[str, list[CheckpointSnapshot]] = defaultdict(list)
     single: dict[str | None, frozenset[str]] = {}  # one frozenset per tier, shared
+    # A run's id, a class and a tier arrive as a new string in every row: each is kept
+    # once (and the row's copy freed with its batch), as is one empty metrics mapping.
+    shared: dict[str, str] = {}
+    none = CheckpointSnapshot._field_defaults["metrics"]
     # tuple.__new__ rather than the namedtuple's own constructor: a million of them
     new, snapshot = tuple.__new__, CheckpointSnapshot
-    only = names[0] if len(names) == 1 else None  # the common case: one metric, no loop
-    for row in fetch_all(session, ckpt_stmt, many=many):
-        cid, rid, step, klass, size, created, pinned, tier, protected, *values = row
-        if metrics is None:
-            found = values[0] or {}
-        elif only is not None:
-            found = {} if values[0] is None else {only: values[0]}
-        else:
-            found = {name: value for name, value in zip(names, values) if value is not None}  # noqa: B905
-        extra = replicas.get(cid)
-        if extra:
-            held = frozenset((tier, *extra))
-        else:
-            held = single.get(tier) or single.setdefault(
-                tier, frozenset((tier,)) if tier else frozenset()
+    only = names[0] if len(names) == 1 else None  # the common case: one metric
+    several = metrics is not None and len(names) > 1
+    batches = (
+        stream_rows(session, ckpt_stmt) if many else [fetch_all(session, ckpt_stmt, many=False)]
+    )
+    for rows in batches:
+        for row in rows:
+            if several:
+                cid, rid, step, klass, size, created, pinned, tier, protected = row[:9]
+                found = {n: v for n, v in zip(names, row[9:]) if v is not None} or none  # noqa: B905
+            else:  # one column more: the metrics, the one ranked by, or none (a NULL)
+                cid, rid, step, klass, size, created, pinned, tier, protected, value = row
+                if value is None:
+                    found = none
+                elif only is None:
+                    found = value or none
+                else:
+                    found = {only: value}
+            rid = shared.setdefault(rid, rid)
+            klass = shared.setdefault(klass, klass)
+            if tier is not None:
+                tier = shared.setdefault(tier, tier)
+            extra = replicas.get(cid)
+            if extra:
+                held = frozenset((tier, *extra))
+            else:
+                held = single.get(tier) or single.setdefault(
+                    tier, frozenset((tier,)) if tier else frozenset()
+                )
+            by_run[rid].append(
+                new(
+                    snapshot,
+                    (
+                        cid,
+                        rid,
+                        step,
+                        klass,
+                        "active",
+                        size,
+                        created,
+                        tier,
+                        held,
+                        found,
+                        pinned,
+                        protected if protected is None else _utc(protected),
+                    ),
+                )
             )
-        by_run[rid].append(
-            new(
-                snapshot,
-                (
-                    cid,
-                    rid,
-                    step,
-                    klass,
-                    "active",
-                    size,
-                    created,
-                    tier,
-                    held,
-                    found,
-                    pinned,
-                    protected if protected is None else _utc(protected),
-                ),
-            )
-        )
     resumed_stmt = select(Run.resumed_from).where(
         Run.status == RunStatus.ACTIVE, Run.resumed_from.is_not(None)
     )
