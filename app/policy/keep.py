@@ -34,7 +34,8 @@ def _limit(items: Sequence[CheckpointSnapshot], count: int) -> Sequence[Checkpoi
 
 def keep_last(checkpoints: Sequence[CheckpointSnapshot], count: int) -> dict[str, str]:
     newest = sorted(checkpoints, key=lambda c: c.step, reverse=True)
-    return {c.id: f"keep_last {count}" for c in _limit(newest, count)}
+    label = f"keep_last {count}"
+    return {c.id: label for c in _limit(newest, count)}
 
 
 def keep_best(
@@ -50,7 +51,8 @@ def keep_best(
 
 
 def keep_every(checkpoints: Sequence[CheckpointSnapshot], steps: int) -> dict[str, str]:
-    return {c.id: f"keep_every {steps} steps" for c in checkpoints if c.step % steps == 0}
+    label = f"keep_every {steps} steps"
+    return {c.id: label for c in checkpoints if c.step % steps == 0}
 
 
 def keep_within(

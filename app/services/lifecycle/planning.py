@@ -3,10 +3,8 @@ early-deletion penalty, plus the blast-radius hold."""
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TypedDict
@@ -34,7 +32,7 @@ from app.services.catalog.policies import active_policies
 from app.services.catalog.run_totals import project_totals
 from app.services.lifecycle.locks import current_locks, hold_back_locked
 from app.services.lifecycle.shadow import ShadowPlanned, plan_shadows
-from app.services.lifecycle.snapshot import Scope, load_scope, restrict
+from app.services.lifecycle.snapshot import Scope, gc_paused, load_scope, ranked_by, restrict
 
 # Work whose action failed (its attempts spent, say while a provider is down) is planned
 # again only after a pause that doubles with each failure: a long outage then leaves a few
@@ -218,11 +216,6 @@ def _waits(
     return found
 
 
-def ranked_by(policies: Iterable[Policy]) -> set[str]:
-    """The metrics the policies' keep_best clauses rank checkpoints by: all a plan reads."""
-    return {r.keep_best.metric for p in policies for r in p.rules if r.keep_best is not None}
-
-
 def plan_catalog(
     session: Session,
     *,
@@ -265,19 +258,6 @@ def plan_catalog(
             due=due,
             shadows=shadows,
         )
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """A full plan allocates millions of long-lived objects; the cyclic collector would
-    rescan them all again and again while they are built. Nothing here makes cycles."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _plan(

@@ -6,8 +6,10 @@ the session's connection and builds the snapshots straight from the rows.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -19,6 +21,7 @@ from app.db.models import Checkpoint, Location, Project, Run
 from app.db.streaming import stream_rows
 from app.domain.plan import CheckpointSnapshot, RunSnapshot
 from app.domain.states import CheckpointState, RunStatus
+from app.policy.schema import Policy
 from app.services.catalog.runs import runs_in
 
 
@@ -29,6 +32,24 @@ class Scope:
     runs: list[RunSnapshot]
     checkpoints: dict[str, list[CheckpointSnapshot]]  # run id -> active checkpoints
     resumed_by_active: set[str]
+
+
+def ranked_by(policies: Iterable[Policy]) -> set[str]:
+    """The metrics the policies' keep_best clauses rank checkpoints by: all a plan reads."""
+    return {r.keep_best.metric for p in policies for r in p.rules if r.keep_best is not None}
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """A full plan allocates millions of long-lived objects; the cyclic collector would
+    rescan them all again and again while they are built. Nothing here makes cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def restrict(
