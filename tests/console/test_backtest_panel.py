@@ -130,12 +130,23 @@ def test_a_stricter_draft_is_backtested_with_its_regrets(
         f"Saves {usd(answer['savings_usd'])} from {answer['since'][:10]} to {answer['until'][:10]}"
     )
     expect(run).to_be_enabled()
+    # the one regret is marked on both charts, on the day the draft would have deleted it
+    (regret,) = answer["regrets"]
+    deleted_on = regret["would_delete_at"][:10]
     for name in ("Bytes stored by day", "Storage $/month by day"):
         chart = panel.get_by_role("img", name=name)
         expect(chart).to_be_visible()
         expect(chart.locator("path[data-series]")).to_have_count(2)
+        marks = chart.locator("line[data-mark='regret']")
+        expect(marks).to_have_count(1)
+        expect(marks.locator("title")).to_have_text(
+            f"1 regret on {deleted_on}: step {PINNED} of {history.run['id']} (delete, then pinned)"
+        )
         legend = chart.locator("xpath=following-sibling::div[@class='legend']")
-        expect(legend).to_have_text(f"draft {POLICY}what happened")
+        expect(legend).to_have_text(
+            f"draft {POLICY}what happened"
+            "dashed: the draft deleted or moved a checkpoint used later (a regret)"
+        )
     totals = panel.get_by_role("table", name="Backtest totals")
     expect(totals.get_by_role("row", name=re.compile("what happened"))).to_contain_text(
         usd(answer["actual"]["total_usd"])
@@ -166,6 +177,10 @@ def test_the_saved_policy_has_no_regrets(
     panel.get_by_role("button", name="Run backtest").click()
     expect(panel.get_by_text("Regrets (0)")).to_be_visible()
     expect(panel.get_by_text("No regrets")).to_be_visible()
+    chart = panel.get_by_role("img", name="Bytes stored by day")
+    expect(chart.locator("line[data-mark]")).to_have_count(0)
+    legend = chart.locator("xpath=following-sibling::div[@class='legend']")
+    expect(legend).not_to_contain_text("regret")
     expect(panel.get_by_role("table", name="Regrets")).to_have_count(0)
     # keeping the six it kept, the draft stores what was stored: nothing saved
     expect(panel.get_by_text(re.compile(r"^Saves \$0(\.00)? from "))).to_be_visible()

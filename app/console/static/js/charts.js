@@ -5,6 +5,8 @@ import { h } from "./ui.js";
 const NS = "http://www.w3.org/2000/svg";
 export const PALETTE = ["#1f5fbf", "#e08a00", "#2a9d8f", "#8e44ad", "#c0392b", "#6b7280", "#16a34a", "#db2777"];
 
+const MARK = "#6941c6"; // dashed marks on a line chart (a backtest's regrets)
+
 function s(tag, attrs = {}, ...children) {
   const node = document.createElementNS(NS, tag);
   for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
@@ -120,7 +122,9 @@ export function stepChart(checkpoints, { label, format }) {
 
 // Lines over days: [{name, colour, points: [[x, y]]}]; `formatX` names an x tick (by
 // default its number).
-export function lineChart(series, { label, format, xLabel = "day", formatX = (v) => String(Math.round(v)) }) {
+// Lines over x = 0, 1, ...; `marks` [{x, title}] are dashed verticals at those x (a
+// backtest's regrets), each named by its <title>.
+export function lineChart(series, { label, format, xLabel = "day", formatX = (v) => String(Math.round(v)), marks = [], markNote = "" }) {
   const width = 760;
   const height = 280;
   const box = { left: 70, top: 22, width: width - 90, height: height - 70 };
@@ -142,5 +146,12 @@ export function lineChart(series, { label, format, xLabel = "day", formatX = (v)
       svg.append(s("circle", { cx: box.left + (box.width * x) / xMax, cy: box.top + box.height - (box.height * y) / yMax, r: 4, fill: line.colour }));
     }
   }
-  return h("figure", {}, svg, legend(new Map(series.map((line) => [line.name, line.colour]))));
+  for (const mark of marks) {
+    const x = (box.left + (box.width * mark.x) / xMax).toFixed(1);
+    svg.append(
+      s("line", { x1: x, x2: x, y1: box.top, y2: box.top + box.height, stroke: MARK, "stroke-width": 2, "stroke-dasharray": "5 4", "data-mark": "regret" }, s("title", {}, mark.title)),
+    );
+  }
+  const note = marks.length && markNote ? [h("span", { class: "muted" }, markNote)] : [];
+  return h("figure", {}, svg, legend(new Map(series.map((line) => [line.name, line.colour])), note));
 }

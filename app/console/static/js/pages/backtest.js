@@ -99,6 +99,21 @@ const stale = () => notice("The draft has changed since this backtest: run it ag
 const day = (iso) => iso.slice(0, 10);
 const count = (n, one, many) => `${n.toLocaleString("en-US")} ${n === 1 ? one : many}`;
 
+// One mark per day on which the draft would have deleted or moved something used later,
+// titled with what (at most five named); days outside the series are not marked.
+function regretMarks(regrets, days) {
+  const byDay = new Map();
+  for (const r of regrets) {
+    const at = days.indexOf(day(r.would_delete_at));
+    if (at >= 0) byDay.set(at, [...(byDay.get(at) || []), r]);
+  }
+  return [...byDay].map(([x, found]) => {
+    const named = found.slice(0, 5).map((r) => `step ${r.step} of ${r.run_id} (${r.action}, then ${r.use.replace("_", " ")})`);
+    const more = found.length > 5 ? `, and ${found.length - 5} more` : "";
+    return { x, title: `${count(found.length, "regret", "regrets")} on ${days[x]}: ${named.join(", ")}${more}` };
+  });
+}
+
 function result(answer) {
   const days = answer.series.map((d) => d.day);
   const formatX = (v) => (Math.abs(v - Math.round(v)) < 1e-6 && days[Math.round(v)] ? days[Math.round(v)].slice(5) : "");
@@ -106,6 +121,8 @@ function result(answer) {
     { name: `draft ${answer.policy}`, colour: DRAFT, points: answer.series.map((d, i) => [i, pick(d)]) },
     { name: "what happened", colour: ACTUAL, points: answer.actual.series.map((d, i) => [i, pick(d)]) },
   ];
+  const marks = regretMarks(answer.regrets, days);
+  const markNote = "dashed: the draft deleted or moved a checkpoint used later (a regret)";
   const span = `from ${day(answer.since)} to ${day(answer.until)}`;
   const saving = answer.savings_usd;
   const last = (series) => series[series.length - 1] || { bytes: 0, usd_month: 0 };
@@ -124,9 +141,9 @@ function result(answer) {
     h("p", {}, `${count(answer.runs, "run", "runs")} and ${count(answer.checkpoints, "checkpoint", "checkpoints")} replayed ${span} (UTC): the draft would have made ${count(answer.actions, "delete, move or copy", "deletes, moves and copies")}.`),
     h("p", { class: "stat" }, saving >= 0 ? `Saves ${usd(saving)} ` : `Costs ${usd(-saving)} more `, h("span", { class: "muted small" }, span)),
     h("h3", {}, "Bytes stored, day by day"),
-    lineChart(lines((d) => d.bytes), { label: "Bytes stored by day: the draft against what happened", format: bytes, xLabel: "day (UTC)", formatX }),
+    lineChart(lines((d) => d.bytes), { label: "Bytes stored by day: the draft against what happened", format: bytes, xLabel: "day (UTC)", formatX, marks, markNote }),
     h("h3", {}, "$/month of storage, day by day"),
-    lineChart(lines((d) => d.usd_month), { label: "Storage $/month by day: the draft against what happened", format: usd, xLabel: "day (UTC)", formatX }),
+    lineChart(lines((d) => d.usd_month), { label: "Storage $/month by day: the draft against what happened", format: usd, xLabel: "day (UTC)", formatX, marks, markNote }),
     table(
       [
         ["", (r) => r.name],
