@@ -121,9 +121,8 @@ export function stepChart(checkpoints, { label, format }) {
 }
 
 // Lines over days: [{name, colour, points: [[x, y]]}]; `formatX` names an x tick (by
-// default its number).
-// Lines over x = 0, 1, ...; `marks` [{x, title}] are dashed verticals at those x (a
-// backtest's regrets), each named by its <title>.
+// default its number). `marks` [{x, title}] are dashed verticals at those x (a backtest's
+// regrets), each named by its <title>, and `markNote` says so in the legend.
 export function lineChart(series, { label, format, xLabel = "day", formatX = (v) => String(Math.round(v)), marks = [], markNote = "" }) {
   const width = 760;
   const height = 280;
