@@ -48,7 +48,13 @@ def stream_rows(
     name = f"ckpt_stream_{uuid.uuid4().hex[:12]}"
     with driver.cursor(name=name, binary=True) as cursor:
         cursor.execute(str(compiled), compiled.params)
-        yield from _read_ahead(cursor, batch)
+        # The first batch in this thread: a short one is the whole result (a small catalog,
+        # a periodic sweep's few runs), with no thread started and no fetch more.
+        first = cursor.fetchmany(batch)
+        if first:
+            yield first
+        if len(first) == batch:
+            yield from _read_ahead(cursor, batch)
 
 
 def _read_ahead(cursor: Any, batch: int) -> Iterator[Sequence[Any]]:
@@ -63,7 +69,7 @@ def _read_ahead(cursor: Any, batch: int) -> Iterator[Sequence[Any]]:
             while not stopped.is_set():
                 rows = cursor.fetchmany(batch)
                 handoff.put(rows)
-                if not rows:
+                if len(rows) < batch:  # the last, short or empty
                     return
         except BaseException as error:  # handed to the caller, raised in its thread
             handoff.put(error)
@@ -75,9 +81,10 @@ def _read_ahead(cursor: Any, batch: int) -> Iterator[Sequence[Any]]:
             item = handoff.get()
             if isinstance(item, BaseException):
                 raise item
-            if not item:
+            if item:
+                yield item
+            if len(item) < batch:
                 return
-            yield item
     finally:
         stopped.set()
         while reader.is_alive():  # a pump blocked on a full hand-off gets its room

@@ -45,6 +45,21 @@ def test_every_row_once_in_order_in_batches(session: Session) -> None:
     assert not readers()
 
 
+def test_a_result_of_one_batch_or_less_comes_whole_from_the_callers_thread(
+    session: Session,
+) -> None:
+    fill(session, list(range(ROWS)))
+    stmt = select(numbers.c.n).order_by(numbers.c.n)
+    for exact in (ROWS + 1, ROWS):  # shorter than a batch, and exactly one
+        batches = []
+        for rows in stream_rows(session, stmt, batch=exact):
+            assert not readers()  # fetched in the caller's thread, no reader started yet
+            batches.append([row[0] for row in rows])
+        assert batches == [list(range(ROWS))]
+    empty = select(numbers.c.n).where(numbers.c.n < 0)
+    assert list(stream_rows(session, empty, batch=7)) == []
+
+
 def test_stopping_early_leaves_the_connection_usable(session: Session) -> None:
     fill(session, list(range(ROWS)))
     stream = stream_rows(session, select(numbers.c.n).order_by(numbers.c.n), batch=5)

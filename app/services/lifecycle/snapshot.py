@@ -24,6 +24,8 @@ from app.domain.states import CheckpointState, RunStatus
 from app.policy.schema import Policy
 from app.services.catalog.runs import runs_in
 
+STREAM_FROM_RUNS = 100  # runs in scope from which a plan reads its checkpoints streamed
+
 
 @dataclass
 class Scope:
@@ -199,8 +201,12 @@ def load_scope(
     new, snapshot = tuple.__new__, CheckpointSnapshot
     only = names[0] if len(names) == 1 else None  # the common case: one metric
     several = metrics is not None and len(names) > 1
+    # Read a batch ahead when the scope is large (a server-side cursor costs a few round
+    # trips more, about a millisecond, than one fetch of a small scope's rows).
     batches = (
-        stream_rows(session, ckpt_stmt) if many else [fetch_all(session, ckpt_stmt, many=False)]
+        stream_rows(session, ckpt_stmt)
+        if len(runs) >= STREAM_FROM_RUNS
+        else [fetch_all(session, ckpt_stmt, many=many)]
     )
     for rows in batches:
         for row in rows:
