@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from app.cli.chart import MISSING, can_draw, render_backtest
+from app.cli.answers import ask_and_show
+from app.cli.chart import render_backtest
 from app.cli.lifecycle import what_if
-from app.cli.output import Column, human_bytes, print_table, progress, show_answer, usd_text
-from app.cli.remote import Remote, connected, usage
+from app.cli.output import Column, human_bytes, print_table, usd_text
+from app.cli.remote import Remote, connected
 
 if TYPE_CHECKING:
     from app.api.backtest import BacktestRead
@@ -87,8 +88,8 @@ def register(cli: typer.Typer) -> None:
         """Replay the catalog's history under a candidate policy: bytes and $/month day by
         day beside what actually happened, and the checkpoints it would have removed that
         people then used (regrets); prints tables and writes a chart."""
-        if not no_chart and not can_draw():  # before asking: no half an answer
-            raise usage(MISSING)
+        from app.api.backtest import BacktestRead
+
         body: dict[str, Any] = {
             "policy": what_if(policy),
             "project": project,
@@ -96,16 +97,15 @@ def register(cli: typer.Typer) -> None:
             "since": since,
             "until": until,
         }
-        request = {k: v for k, v in body.items() if v is not None}
-        with progress("replaying the catalog's history"):
-            answer = remote.call("POST", "/v1/backtest", json=request, slow=True)
-        from app.api.backtest import BacktestRead
-
-        result = BacktestRead.model_validate(answer)
-        show_answer(
-            answer,
-            as_json=as_json,
-            table=lambda: render_backtest_table(result, every),
+        ask_and_show(
+            remote,
+            "/v1/backtest",
+            body,
+            doing="replaying the catalog's history",
+            read=BacktestRead.model_validate,
+            table=lambda result: render_backtest_table(result, every),
+            draw=render_backtest,
             chart=chart,
-            draw=None if no_chart else lambda path: render_backtest(result, path),
+            no_chart=no_chart,
+            as_json=as_json,
         )

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from app.cli.chart import MISSING, can_draw, render_forecast
+from app.cli.answers import ask_and_show
+from app.cli.chart import render_forecast
 from app.cli.lifecycle import what_if
 from app.cli.output import (
     Column,
@@ -18,7 +19,6 @@ from app.cli.output import (
     human_bytes,
     print_table,
     progress,
-    show_answer,
     usd,
 )
 from app.cli.remote import Remote, connected, usage
@@ -266,20 +266,19 @@ def register(cli: typer.Typer) -> None:
             "prices": _prices(list(price or [])) or None,
             "billed_after_delete": _billed(list(billed_after_delete or [])) or None,
         }
-        if not no_chart and not can_draw():  # before asking: no half an answer
-            raise usage(MISSING)
-        request = {k: v for k, v in body.items() if v is not None}
-        with progress(f"forecasting {horizon_days or run_days + 30} days"):
-            answer = remote.call("POST", "/v1/forecast", json=request, slow=True)
         from app.api.cost_schemas import ForecastRead
 
-        result = ForecastRead.model_validate(answer)
-        show_answer(
-            answer,
-            as_json=as_json,
-            table=lambda: render_forecast_table(result, every),
+        ask_and_show(
+            remote,
+            "/v1/forecast",
+            body,
+            doing=f"forecasting {horizon_days or run_days + 30} days",
+            read=ForecastRead.model_validate,
+            table=lambda result: render_forecast_table(result, every),
+            draw=render_forecast,
             chart=chart,
-            draw=None if no_chart else lambda path: render_forecast(result, path),
+            no_chart=no_chart,
+            as_json=as_json,
         )
 
     @cli.command()

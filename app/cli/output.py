@@ -15,11 +15,10 @@ came from the database or over HTTP is no concern of this module.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import typer
@@ -230,23 +229,3 @@ def usd_text(amount: float, *, signed: bool = False) -> str:
     sign = ("-" if amount < 0 else "+") if signed else ""
     size = abs(amount)
     return f"{sign}${size:,.2f}" if size >= 0.01 else f"{sign}${size:.2g}"
-
-
-def show_answer(
-    answer: Any,
-    *,
-    as_json: bool,
-    table: Callable[[], None],
-    chart: Path,
-    draw: Callable[[Path], Path] | None,
-) -> None:
-    """The service's answer as JSON (as it came) or as a table, then its chart when `draw`
-    is given: what a command that draws does once it has asked."""
-    if as_json:
-        emit_json(answer)
-    else:
-        table()
-    if draw is not None:
-        with progress(f"drawing {chart}"):
-            written = draw(chart)
-        typer.echo(f"chart: {written}", err=as_json)
