@@ -193,8 +193,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def rclone_s3(root: Path, log: Path) -> Iterator[tuple[str, int]]:
-    """`rclone serve s3` over `root` (a bucket per top-level directory): (url, pid)."""
+def rclone_s3(root: Path, log: Path, *, etag: bool = True) -> Iterator[tuple[str, int]]:
+    """`rclone serve s3` over `root` (a bucket per top-level directory): (url, pid).
+
+    Without `etag`, a HEAD answers no ETag: the server does not read the whole file to
+    compute its MD5 at every HEAD (S3 stores it at upload), which would make a check by
+    HEAD cost a read of every byte. Uploaded parts still get their MD5 ETags."""
     port = free_port()
     command = [
         str(BIN / "rclone"),
@@ -206,6 +210,7 @@ def rclone_s3(root: Path, log: Path) -> Iterator[tuple[str, int]]:
         f"{ACCESS_KEY},{SECRET_KEY}",
         "--addr",
         f"127.0.0.1:{port}",
+        *(() if etag else ("--etag-hash", "")),
         str(root),
     ]
     with log.open("wb") as out:

@@ -1,18 +1,19 @@
-"""Transfers against peers on the same local S3 server (moto), in one run.
+"""Transfers against peers on the same local S3 server, in one run.
 
     .venv/bin/python bench/transfer.py            # or: make bench-transfer
 
 1. Moves of a 2 GiB checkpoint of 16 shards, then of one 2 GiB object (`--big-gib`),
    local -> S3 and S3 -> S3 (another bucket), each a real ledger action planned by
    `ckpt sweep` and executed by `ckpt worker --once`, against `s5cmd cp` and `rclone copy`
-   of the same files. The service's time is the transfer's own, from claim to `done`
-   (copy, verification, catalog switch and source removal, each reported), as a long-lived
-   worker spends it; the process's whole run and an idle worker's start-up are reported
-   beside it. Every move must end `done` with the checkpoint on its target alone, and
-   every peer's copy must hold every byte, or the benchmark fails.
-2. A class change in place (two tiers on one bucket prefix): the bytes that pass through
-   the worker, counted by a proxy between the worker and the S3 server (request and
-   response bodies), not assumed.
+   of the same files, on `rclone serve s3` (`--server moto` for moto instead). The
+   service's time is the transfer's own, from claim to `done` (copy, verification, catalog
+   switch and source removal, each reported), as a long-lived worker spends it; the
+   process's whole run and an idle worker's start-up are reported beside it. Every move
+   must end `done` with the checkpoint on its target alone, and every peer's copy must
+   hold every byte, or the benchmark fails.
+2. A class change in place (two tiers on one bucket prefix), on moto, which keeps storage
+   classes: the bytes that pass through the worker, counted by a proxy between the worker
+   and the S3 server (request and response bodies), not assumed.
 3. Delete 100,000 objects: the S3 adapter's delete_prefix against `s5cmd rm`, both on one
    `rclone serve s3` server, whose buckets are directories: the objects are written
    straight to disk (moto takes about 10 ms a PUT, so filling it would take the hour).
@@ -28,6 +29,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ import boto3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.storage.limits import S3_MAX_SINGLE_COPY
 from app.storage.s3 import S3Storage
 from bench.import_tree import memory_kib, rclone_s3
 from bench.transfer_parts import (
@@ -146,35 +150,122 @@ def move_case(
     return result
 
 
-def one_object_on_rclone(
-    work: Path, hot: Path, big: Path, peer_big: Path, files: dict[str, int]
+MOVE_BUCKETS = ("svc-a", "svc-b", "s5-a", "s5-b", "rc-a", "rc-b")
+
+
+@contextmanager
+def move_server(kind: str, work: Path) -> Iterator[tuple[str, int | None]]:
+    """The S3 server the moves are timed on, its buckets made: (url, pid when known).
+
+    `rclone serve s3` (Go) writes objects to disk as they come and copies server-side on
+    CopyObject; it runs without ETags on HEAD (see `rclone_s3`). moto (Python) holds a
+    multipart object in memory while completing it (about 3x its size) and spends about
+    1.5x the worker's CPU, on the same two cores: the peers, which send less, lose less
+    to it."""
+    if kind == "moto":
+        with moto_server() as url:
+            s3 = boto3.client("s3", endpoint_url=url)
+            for bucket in MOVE_BUCKETS:
+                s3.create_bucket(Bucket=bucket)
+            yield url, None
+        return
+    root = work / "rclone-moves"
+    for bucket in MOVE_BUCKETS:
+        (root / bucket).mkdir(parents=True)
+    with rclone_s3(root, work / "rclone-moves.log", etag=False) as (url, pid):
+        yield url, pid
+
+
+def s3_tier(name: str, bucket: str, url: str, klass: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "url": f"s3://{bucket}/ckpt", "endpoint_url": url}
+    return {**out, "storage_class": klass} if klass else out
+
+
+def moves(
+    args: argparse.Namespace,
+    work: Path,
+    hot: Path,
+    source: Path,
+    peer_src: Path,
+    files: dict[str, int],
+    s3_url: str,
 ) -> dict[str, Any]:
-    """The one object's move local -> S3 on `rclone serve s3`, whose buckets are
-    directories and which writes a multipart upload's parts to disk as they come: moto
-    holds a multipart object in memory while completing it (about 3x its size), more than
-    a 24 GiB machine has for 8 GiB. S3 -> S3 is not measured on it: rclone answers
-    UploadPartCopy with 200 and copies nothing (the service refuses such a copy), and S3's
-    own CopyObject stops at 5 GiB, so no faithful server-side copy of 8 GiB exists here."""
-    served = work / "rclone-big"
-    for bucket in ("svc-a", "s5-a", "rc-a"):
-        (served / bucket).mkdir(parents=True)
-    with rclone_s3(served, work / "rclone-big.log") as (url, pid):
-        s3 = boto3.client("s3", endpoint_url=url)
-        service = Service(
-            work / "svc-big",
-            [
-                {"name": "hot", "url": f"file://{hot}"},
-                {"name": "s3a", "url": "s3://svc-a/ckpt", "endpoint_url": url},
-            ],
-        )
-        big_id = service.register(f"file://{big}", run_name="big")
-        result = move_case(s3, url, service, big_id, peer_big, files, s3_to_s3=False)
-        server_peak = memory_kib(pid)["VmHWM"]
+    """1. The sixteen shards, then the one large object, each moved local -> S3 and
+    S3 -> S3 by the service and copied by the peers."""
+    s3 = boto3.client("s3", endpoint_url=s3_url)
+    service = Service(
+        work / "svc",
+        [
+            {"name": "hot", "url": f"file://{hot}"},
+            s3_tier("s3a", "svc-a", s3_url),
+            s3_tier("s3b", "svc-b", s3_url),
+        ],
+    )
+    out: dict[str, Any] = {"worker_startup_s": round(service.ckpt("worker", "--once")[0], 2)}
+    shards_id = service.register(f"file://{source}")
+    out["shards"] = {
+        "checkpoint": f"{args.shards} x {args.shard_mib} MiB",
+        **move_case(s3, s3_url, service, shards_id, peer_src, files),
+    }
+    print(json.dumps(out["shards"], indent=2), flush=True)
+    if not args.big_gib:
+        return out
+    big = hot / "bench" / "big" / "model.ckpt"
+    make_file(big, args.big_gib * 1024 * MiB)
+    peer_big = work / "peer-big" / "model.ckpt"
+    peer_big.parent.mkdir()
+    shutil.copy(big, peer_big)
+    os.sync()
+    big_id = service.register(f"file://{big}", run_name="big")
+    # rclone answers UploadPartCopy with 200 and copies nothing (the service refuses such a
+    # copy), and one CopyObject stops at 5 GiB: no faithful server-side copy beyond that
+    s3_to_s3 = args.server == "moto" or args.big_gib * 1024 * MiB <= S3_MAX_SINGLE_COPY
+    moved = move_case(
+        s3, s3_url, service, big_id, peer_big, {"model.ckpt": big.stat().st_size}, s3_to_s3=s3_to_s3
+    )
+    out["one_object"] = {"checkpoint": f"1 x {args.big_gib} GiB", **moved}
+    if not s3_to_s3:
+        out["one_object"]["s3_to_s3"] = "not measured: rclone copies nothing on UploadPartCopy"
+    print(json.dumps(out["one_object"], indent=2), flush=True)
+    peer_big.unlink()
+    return out
+
+
+def class_change(
+    work: Path, hot: Path, peer_src: Path, files: dict[str, int], s3_url: str
+) -> dict[str, Any]:
+    """2. A class change in place (two tiers on one bucket prefix), through a counting
+    proxy: the bytes that pass through the worker, counted, not assumed. On moto, which
+    keeps storage classes."""
+    s3 = boto3.client("s3", endpoint_url=s3_url)
+    proxy = CountingProxy(s3_url)
+    inplace = Service(
+        work / "inplace",
+        [
+            {"name": "hot", "url": f"file://{hot}"},
+            s3_tier("ia", "inplace", proxy.url, "STANDARD_IA"),
+            s3_tier("glacier", "inplace", proxy.url, "GLACIER_IR"),
+        ],
+    )
+    s5 = [str(BIN / "s5cmd"), "--endpoint-url", s3_url]
+    timed(
+        [*s5, "cp", "--storage-class", "STANDARD_IA", f"{peer_src}/*", "s3://inplace/ckpt/b/"],
+        dict(os.environ),
+    )
+    inplace_id = inplace.register("s3://inplace/ckpt/b")
+    up, down = proxy.bytes_up, proxy.bytes_down
+    moved = inplace.move(inplace_id, "glacier")
+    classes = {
+        s3.head_object(Bucket="inplace", Key=f"ckpt/b/{name}").get("StorageClass") for name in files
+    }
+    if classes != {"GLACIER_IR"}:
+        raise SystemExit(f"the class change left {classes}")
     return {
-        **result,
-        "server": "rclone serve s3",
-        "s3_to_s3": "not measured: rclone copies nothing on UploadPartCopy",
-        "server_peak_rss_MiB": round(server_peak / 1024, 1),
+        "seconds": moved.phases["total_s"],
+        "worker_process_s": round(moved.process_s, 2),
+        "body_bytes_to_s3": proxy.bytes_up - up,
+        "body_bytes_from_s3": proxy.bytes_down - down,
+        "classes_after": sorted(classes),
     }
 
 
@@ -182,14 +273,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--shard-mib", type=int, default=128)
-    # moto holds a multipart object in memory while completing it (about 3x its size): 8 GiB
-    # needs more than a 24 GiB machine has, so it is moved to `rclone serve s3` instead
     parser.add_argument("--big-gib", type=int, default=2, help="one object this large; 0: none")
     parser.add_argument(
-        "--big-server",
-        choices=("moto", "rclone"),
-        default="moto",
-        help="where the one object goes (rclone: local -> S3 only, see one_object_on_rclone)",
+        "--server",
+        choices=("rclone", "moto"),
+        default="rclone",
+        help="the S3 server the moves are timed on (see move_server)",
     )
     parser.add_argument("--delete-objects", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "transfer.json")
@@ -199,24 +288,9 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, {platform.python_version()}",
     }
-    with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp, moto_server() as s3_url:
+    with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
         work = Path(tmp)
-        s3 = boto3.client("s3", endpoint_url=s3_url)
-        for bucket in ("svc-a", "svc-b", "s5-a", "s5-b", "rc-a", "rc-b", "inplace"):
-            s3.create_bucket(Bucket=bucket)
-
-        def tier(name: str, bucket: str, klass: str | None = None, url: str = s3_url) -> Any:
-            out: dict[str, Any] = {"name": name, "url": f"s3://{bucket}/ckpt", "endpoint_url": url}
-            return {**out, "storage_class": klass} if klass else out
-
         hot = work / "data" / "hot"
-        service = Service(
-            work / "svc",
-            [{"name": "hot", "url": f"file://{hot}"}, tier("s3a", "svc-a"), tier("s3b", "svc-b")],
-        )
-        results["worker_startup_s"] = round(service.ckpt("worker", "--once")[0], 2)
-
-        # 1a. sixteen shards
         source = hot / "bench" / "run" / "step-1"
         for i in range(args.shards):
             make_file(source / f"shard-{i:02d}.bin", args.shard_mib * MiB)
@@ -224,62 +298,17 @@ def main() -> None:
         peer_src = work / "peer-src"
         shutil.copytree(source, peer_src)  # the service's move deletes its source
         os.sync()  # no write-back of the files just written during the timed moves
-        shards_id = service.register(f"file://{source}")
-        results["shards"] = {
-            "checkpoint": f"{args.shards} x {args.shard_mib} MiB",
-            **move_case(s3, s3_url, service, shards_id, peer_src, files),
-        }
-        print(json.dumps(results["shards"], indent=2), flush=True)
-
-        # 1b. one large object: parts in parallel within one file
-        if args.big_gib:
-            big = hot / "bench" / "big" / "model.ckpt"
-            make_file(big, args.big_gib * 1024 * MiB)
-            peer_big = work / "peer-big" / "model.ckpt"
-            peer_big.parent.mkdir()
-            shutil.copy(big, peer_big)
-            os.sync()
-            size = {"model.ckpt": big.stat().st_size}
-            if args.big_server == "moto":
-                big_id = service.register(f"file://{big}", run_name="big")
-                moved_big = move_case(s3, s3_url, service, big_id, peer_big, size)
-            else:
-                moved_big = one_object_on_rclone(work, hot, big, peer_big, size)
-            results["one_object"] = {"checkpoint": f"1 x {args.big_gib} GiB", **moved_big}
-            print(json.dumps(results["one_object"], indent=2), flush=True)
-            peer_big.unlink()
-
-        # 2. a class change in place, through a counting proxy
-        proxy = CountingProxy(s3_url)
-        inplace = Service(
-            work / "inplace",
-            [
-                {"name": "hot", "url": f"file://{hot}"},
-                tier("ia", "inplace", "STANDARD_IA", proxy.url),
-                tier("glacier", "inplace", "GLACIER_IR", proxy.url),
-            ],
-        )
-        s5 = [str(BIN / "s5cmd"), "--endpoint-url", s3_url]
-        timed(
-            [*s5, "cp", "--storage-class", "STANDARD_IA", f"{peer_src}/*", "s3://inplace/ckpt/b/"],
-            dict(os.environ),
-        )
-        inplace_id = inplace.register("s3://inplace/ckpt/b")
-        up, down = proxy.bytes_up, proxy.bytes_down
-        moved = inplace.move(inplace_id, "glacier")
-        classes = {
-            s3.head_object(Bucket="inplace", Key=f"ckpt/b/{name}").get("StorageClass")
-            for name in files
-        }
-        if classes != {"GLACIER_IR"}:
-            raise SystemExit(f"the class change left {classes}")
-        results["class_change_in_place"] = {
-            "seconds": moved.phases["total_s"],
-            "worker_process_s": round(moved.process_s, 2),
-            "body_bytes_to_s3": proxy.bytes_up - up,
-            "body_bytes_from_s3": proxy.bytes_down - down,
-            "classes_after": sorted(classes),
-        }
+        with move_server(args.server, work) as (s3_url, server_pid):
+            results["moves"] = moves(args, work, hot, source, peer_src, files, s3_url)
+            results["moves"]["server"] = args.server
+            if server_pid is not None:
+                results["moves"]["server_peak_rss_MiB"] = round(
+                    memory_kib(server_pid)["VmHWM"] / 1024, 1
+                )
+        with moto_server() as s3_url:
+            s3 = boto3.client("s3", endpoint_url=s3_url)
+            s3.create_bucket(Bucket="inplace")
+            results["class_change_in_place"] = class_change(work, hot, peer_src, files, s3_url)
         print(json.dumps(results["class_change_in_place"], indent=2), flush=True)
 
         # 3. delete N objects
