@@ -320,16 +320,20 @@ def free_port() -> int:
 class Server:
     """`ckpt api --workers N` as a subprocess in its own process group."""
 
-    def __init__(self, dbname: str, data_dir: Path, workers: int, log: Path) -> None:
+    def __init__(self, dbname: str, data_dir: Path, workers: int, log: Path, *, auth: bool) -> None:
         self.port = free_port()
+        # with auth on, the admin token its setup requests send (seeded at start)
+        self.admin = f"bench-admin-{uuid.uuid4().hex}" if auth else None
         env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
         env.update(
             CKPT_DATABASE_URL=sqlalchemy_url(dbname),
             CKPT_DATA_DIR=str(data_dir),
-            CKPT_AUTH="off",
+            CKPT_AUTH="on" if auth else "off",
             CKPT_HOST="127.0.0.1",
             CKPT_PORT=str(self.port),
         )
+        if self.admin is not None:
+            env["CKPT_BOOTSTRAP_TOKEN"] = self.admin
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -346,6 +350,8 @@ class Server:
         try:
             payload = None if body is None else json.dumps(body)
             headers = {"Content-Type": "application/json"} if payload else {}
+            if self.admin is not None:
+                headers["Authorization"] = f"Bearer {self.admin}"
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
             return response.status, json.loads(response.read() or b"null")
@@ -375,11 +381,15 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(dbname: str, data_dir: Path, workers: int, tmp: Path, phase: Phase) -> Server:
+def start_server(
+    dbname: str, data_dir: Path, workers: int, tmp: Path, phase: Phase, *, auth: bool
+) -> Server:
     """Start the server and let every worker finish start-up (one failing stops them all);
     a failed start is retried twice and recorded, with the log line that says why."""
     for attempt in range(1, 4):
-        server = Server(dbname, data_dir, workers, tmp / f"server-w{workers}-{attempt}.log")
+        server = Server(
+            dbname, data_dir, workers, tmp / f"server-w{workers}-{attempt}.log", auth=auth
+        )
         try:
             server.wait_healthy()
             time.sleep(3.0)
@@ -459,9 +469,13 @@ async def _aiohttp_clients(
     async def one(session: aiohttp.ClientSession) -> None:
         for k in jobs:
             head, _, body = request(k).partition(b"\r\n\r\n")
-            path = head.split(b" ", 2)[1].decode()
+            first, *lines = head.decode().split("\r\n")
+            path = first.split(" ", 2)[1]
+            sent = dict(line.split(": ", 1) for line in lines)
+            token = {"Authorization": sent["Authorization"]} if "Authorization" in sent else {}
             start = time.perf_counter()
-            async with session.post(f"http://127.0.0.1:{port}{path}", data=body) as response:
+            url = f"http://127.0.0.1:{port}{path}"
+            async with session.post(url, data=body, headers=token) as response:
                 await response.read()
             phase.latencies.append(time.perf_counter() - start)
             phase.statuses[str(response.status)] += 1
@@ -508,8 +522,18 @@ def _measure_service(
     args: argparse.Namespace, work: Workload, workers: int, tmp: Path, dbname: str
 ) -> Phase:
     phase = Phase(f"service ({args.client})", workers, git=git_describe())
-    server = start_server(dbname, work.data_dir, workers, tmp, phase)
+    auth = args.auth == "on"
+    server = start_server(dbname, work.data_dir, workers, tmp, phase, auth=auth)
     try:
+        bearer = ""
+        if auth:  # what a training job holds: a register token for its project
+            status, body = server.request(
+                "POST",
+                "/v1/tokens",
+                {"name": "bench-jobs", "scopes": ["register"], "projects": [PROJECT]},
+            )
+            assert status == 201, (status, body)
+            bearer = f"Authorization: Bearer {body['token']}\r\n"
         run_ids = []
         for r in range(work.runs):
             status, body = server.request(
@@ -527,7 +551,7 @@ def _measure_service(
             head = (
                 f"POST /v1/runs/{run_ids[k % work.runs]}/checkpoints HTTP/1.1\r\n"
                 f"Host: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
+                f"{bearer}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             return head + body
 
@@ -783,6 +807,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--quiet-wait", type=float, default=300.0, help="longest wait for quiet, seconds"
+    )
+    parser.add_argument(
+        "--auth",
+        choices=["on", "off"],
+        default="on",
+        help="access control: each registration sends a register token for its project",
     )
     parser.add_argument("--skip-raw", action="store_true", help="leave out the raw peer")
     return parser.parse_args()
