@@ -196,12 +196,19 @@ async def _body_reference(request: Request) -> tuple[str | None, tuple[ProjectOf
 
 
 async def authorize(request: Request) -> Principal:
-    """The caller of this request, after checking it may make it.
+    """The caller of this request, after checking it may make it; also kept as
+    `request.state.principal`, for a route that takes no dependency (registration).
 
     Raises Unauthorized (401) without a live token and Forbidden (403) for a missing scope
     or a project outside the token's list. With CKPT_AUTH=off everyone is `anonymous` and
     may do everything, but a route without a rule is refused even then.
     """
+    principal = await _checked(request)
+    request.state.principal = principal
+    return principal
+
+
+async def _checked(request: Request) -> Principal:
     rule = rule_for(request)
     if rule is None:
         log.error(
