@@ -320,7 +320,9 @@ def free_port() -> int:
 class Server:
     """`ckpt api --workers N` as a subprocess in its own process group."""
 
-    def __init__(self, dbname: str, data_dir: Path, workers: int, log: Path, *, auth: bool) -> None:
+    def __init__(
+        self, dbname: str, data_dir: Path, workers: int, log: Path, *, auth: bool = False
+    ) -> None:
         self.port = free_port()
         # with auth on, the admin token its setup requests send (seeded at start)
         self.admin = f"bench-admin-{uuid.uuid4().hex}" if auth else None
