@@ -9,6 +9,7 @@ import anyio
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.datastructures import State
 
 from app.api.convert import checkpoint_read
 from app.api.deps import (
@@ -35,6 +36,7 @@ from app.api.schemas import (
     Page,
     PinCreate,
 )
+from app.db.session import session_scope
 from app.domain.access import Principal
 from app.services.catalog import checkpoint_update, checkpoints, reservations
 from app.services.catalog.checkpoints import Registration
@@ -73,11 +75,11 @@ _REGISTRATION_BODY = {
 
 
 def _register(
-    request: Request, run_id: str, body: CheckpointCreate, actor: str
+    state: State, run_id: str, body: CheckpointCreate, actor: str
 ) -> tuple[CheckpointRead, bool]:
     """The registration in its own session, committed (or rolled back) here: the one
-    thread hand-off a registration makes."""
-    state = request.app.state
+    thread hand-off a registration makes. (On PostgreSQL its insert runs on an autocommit
+    connection of its own, so this session's commit does no I/O.)"""
     settings: Settings = state.settings
     registration = Registration(
         step=body.step,
@@ -90,26 +92,18 @@ def _register(
         created_at=body.created_at,
         committed=body.committed,
     )
-    with state.session_factory() as session:
-        try:
-            checkpoint, created = register_or_take_back(
-                session,
-                tiers=state.tiers,
-                storages=state.storages,
-                run_id=run_id,
-                reg=registration,
-                actor=actor,
-                now=datetime.now(UTC),
-                reservation_ttl=settings.reservation_ttl,
-            )
-            answer = checkpoint_read(checkpoint)
-            if session.in_transaction():
-                session.commit()
-        except BaseException:
-            if session.in_transaction():
-                session.rollback()
-            raise
-    return answer, created
+    with session_scope(state.session_factory) as session:
+        checkpoint, created = register_or_take_back(
+            session,
+            tiers=state.tiers,
+            storages=state.storages,
+            run_id=run_id,
+            reg=registration,
+            actor=actor,
+            now=datetime.now(UTC),
+            reservation_ttl=settings.reservation_ttl,
+        )
+        return checkpoint_read(checkpoint), created
 
 
 @router.post(
@@ -127,7 +121,7 @@ async def register_checkpoint(run_id: str, request: Request) -> Response:
     body = _registration(request, await request.body())
     principal: Principal = request.state.principal
     answer, created = await anyio.to_thread.run_sync(
-        _register, request, run_id, body, principal.actor
+        _register, request.app.state, run_id, body, principal.actor
     )
     request.app.state.runtime.request_evaluation(run_id)  # committed: evaluate the run
     return Response(
