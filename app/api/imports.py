@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import Cursor, Limit, NowDep, PrincipalDep, SessionDep, StoragesDep, TiersDep
 from app.api.schemas import Name, Strict
 from app.db.models import ImportItem, ImportRow
+from app.domain.layouts import UNRECOGNIZED_SAMPLE
 from app.services.catalog import imports as service
 
 router = APIRouter(tags=["imports"])
@@ -87,7 +88,7 @@ class ImportRead(BaseModel):
     skipped_count: int
     unrecognized: int = Field(description="objects that belong to no checkpoint")
     unrecognized_keys: list[str] = Field(
-        description=f"the first {service.UNRECOGNIZED_SAMPLE} of them, relative to the uri"
+        description=f"the first {UNRECOGNIZED_SAMPLE} of them, relative to the uri"
     )
     error: str | None = Field(description="why a `failed` import stopped")
     sweep_id: str | None = Field(description="the evaluation of the project once it was in")

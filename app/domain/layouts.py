@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,7 @@ CONTAINERS = frozenset(
     {"checkpoints", "checkpoint", "ckpt", "ckpts", "output", "outputs", "models"}
 )
 NAME_LIMIT = 63  # the name pattern: ^[a-z0-9][a-z0-9._-]{0,62}$
+UNRECOGNIZED_SAMPLE = 100  # unrecognised keys a dry run lists
 
 # Directory names, by the layout they say ("step-<N>" is dcp's when it holds `.metadata`,
 # generic's otherwise).
@@ -85,6 +87,23 @@ class Incomplete:
 
     key: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A checkpoint found in the tree, ready to register."""
+
+    key: str  # relative to the import's uri: how it is reported
+    run: str  # the run's name, normalised
+    run_uri: str  # where that name came from: the new run's label `import_path`
+    step: int
+    uri: str
+    layout: str
+    files: list[dict[str, Any]]
+    size_bytes: int
+    created_at: datetime
+    metrics: dict[str, float]
+    single_file: bool
 
 
 @dataclass(slots=True)

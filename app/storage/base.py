@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import BinaryIO, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol
 
 # Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 and "crc64nvme" 16 hex
 # digits, each of the whole object) and provider fingerprints comparable between two objects
@@ -72,6 +72,16 @@ class ObjectInfo:
     storage_class: str | None = None
     checksums: Mapping[str, str] = field(default_factory=dict)
     modified: datetime | None = None  # last written, where a listing tells (reconciliation)
+
+
+def file_entry(path: str, info: ObjectInfo) -> dict[str, Any]:
+    """A manifest entry of the object: its path in the checkpoint, its size, and the
+    full-object checksums its provider reported."""
+    return {
+        "path": path,
+        "size_bytes": info.size_bytes,
+        **{n: info.checksums[n] for n in MANIFEST_CHECKSUMS if n in info.checksums},
+    }
 
 
 class Storage(Protocol):

@@ -25,6 +25,15 @@ from app.storage.base import (
 CHUNK = 8 * 1024 * 1024
 
 
+def _opened_path(fd: int, path: str) -> str:
+    """The real path of the file open at `fd` (Linux names it under /proc); elsewhere the
+    real path of `path`, resolved after the open."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
 class LocalStorage:
     scheme = "file"
 
@@ -108,13 +117,23 @@ class LocalStorage:
         return ObjectInfo(key=key, size_bytes=path.stat().st_size)
 
     def open_read(self, key: str) -> BinaryIO:
+        """Opened first, then asked where it is: the kernel names the file the descriptor
+        holds in one call, where `realpath` costs an lstat per component (an import reads
+        a Trainer's state file in every one of thousands of checkpoints), and nothing can
+        swap a symlink in between the check and the open."""
         path = self._path(key)
-        if not self._inside(str(path)):
-            raise UnsafePath(f"{key!r} leads outside the tier")
         try:
-            return open(path, "rb")
+            reader = open(path, "rb")  # noqa: SIM115 (the caller closes it)
         except FileNotFoundError:
             raise ObjectMissing(f"{key!r} does not exist") from None
+        try:
+            real = _opened_path(reader.fileno(), str(path))
+            if not (real == str(self.root) or real.startswith(str(self.root) + os.sep)):
+                raise UnsafePath(f"{key!r} leads outside the tier")
+        except BaseException:
+            reader.close()
+            raise
+        return reader
 
     def read_small(self, key: str, limit: int) -> bytes:
         """Sized first: reading `limit` + 1 bytes of a small file would have Python set

@@ -40,6 +40,29 @@ def write_tree(root: Path) -> int:
     return RUNS * STEPS
 
 
+def listing_processes(root: Path) -> list[int]:
+    """Pids of the child processes that list `root` for an import (`import_scan`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile, or not a process
+            continue
+        if "app.services.lifecycle.import_scan" in command and str(root) in command:
+            found.append(int(proc.name))
+    return found
+
+
+def gone(root: Path) -> bool:
+    """Whether the listing processes of `root` all exit within DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while listing_processes(root):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def poll(client: httpx.Client, import_id: str, until: Any) -> dict[str, Any]:
     deadline = time.monotonic() + DEADLINE
     while True:
@@ -72,6 +95,8 @@ def test_a_killed_import_is_taken_over_and_finished_once(database: str, tmp_path
         assert service.process is not None
         assert service.process.wait(timeout=DEADLINE) == -signal.SIGKILL
         del service.env["CKPT_CRASH_AT"]
+        # the child that listed the tree for it notices and exits: nothing lingers
+        assert gone(root), f"listing processes outlived the import's: {listing_processes(root)}"
 
         engine = create_engine(database)
         with engine.connect() as conn:
@@ -108,6 +133,7 @@ def test_a_killed_import_is_taken_over_and_finished_once(database: str, tmp_path
             assert again.status_code == 202, again.text
             second = poll(client, again.json()["id"], lambda b: b["state"] != "running")
             assert (second["registered"], second["existing"]) == (0, total)
+        assert listing_processes(root) == []  # each import's child ends with it
         engine.dispose()
     finally:
         service.stop()

@@ -30,8 +30,7 @@ import google_crc32c
 import pytest
 from awscrt.checksums import crc64nvme
 
-from app.services.catalog.manifest import file_entry
-from app.storage.base import MANIFEST_CHECKSUMS, ObjectInfo
+from app.storage.base import MANIFEST_CHECKSUMS, ObjectInfo, file_entry
 from app.storage.limits import MiB
 from app.storage.s3 import S3Storage
 from app.storage.transfer import bytes_through, copy_files, verify_files

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import google_crc32c
 import pytest
 
-from app.services.catalog.manifest import file_entry
+from app.storage.base import file_entry
 from app.storage.gcs import GcsStorage
 from app.storage.limits import MiB
 from app.storage.transfer import bytes_through, copy_files, verify_files

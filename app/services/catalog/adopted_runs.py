@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from app.db.dialect import insert_ignoring_conflicts, one_of
 from app.db.models import Project, Run
 from app.domain.ids import new_id
+from app.domain.layouts import Candidate
 from app.domain.states import RunStatus
 from app.domain.tier import Tier
 from app.services.catalog import audit
@@ -23,23 +24,6 @@ from app.services.catalog.run_totals import add_active
 
 LABEL_LIMIT = 256  # a label value's length
 IN_CHUNK = 900  # bound parameters per IN list (SQLite allows 32,766 in a statement)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A checkpoint found in the tree, ready to register."""
-
-    key: str  # relative to the import's uri: how it is reported
-    run: str  # the run's name, normalised
-    run_uri: str  # where that name came from: the new run's label `import_path`
-    step: int
-    uri: str
-    layout: str
-    files: list[dict[str, Any]]
-    size_bytes: int
-    created_at: datetime
-    metrics: dict[str, float]
-    single_file: bool
 
 
 @dataclass(frozen=True, slots=True)

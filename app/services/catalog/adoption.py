@@ -29,10 +29,10 @@ from app.db.bulk import bulk_insert
 from app.db.dialect import byte_range, one_of
 from app.db.models import AuditEvent, Checkpoint, ImportItem, Location
 from app.domain.ids import new_id
+from app.domain.layouts import Candidate
 from app.domain.states import LIVE_STATES
 from app.services.catalog.adopted_runs import (
     Adoption,
-    Candidate,
     RunRow,
     chunks,
     ensure_runs,

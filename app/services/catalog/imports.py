@@ -13,7 +13,7 @@ from app.db.models import Checkpoint, ImportItem, ImportRow, Location
 from app.db.pagination import decode_cursor, encode_cursor
 from app.domain.errors import Conflict, Invalid, NotFound, Unavailable
 from app.domain.ids import new_id
-from app.domain.layouts import AUTO, LAYOUTS
+from app.domain.layouts import AUTO, LAYOUTS, UNRECOGNIZED_SAMPLE
 from app.domain.states import LIVE_STATES
 from app.domain.tier import Located, Tier, locate, parse_url
 from app.services.catalog.adoption import Outcome
@@ -23,7 +23,6 @@ from app.storage.registry import StorageRegistry
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
 REPORTED = 1000  # incomplete and skipped checkpoints listed on the import, each (all counted)
-UNRECOGNIZED_SAMPLE = 100  # unrecognised keys a dry run lists
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ from app.domain.errors import Invalid, Unavailable
 from app.domain.tier import Located, symlink_leaving_tier
 from app.storage.base import (
     MANIFEST_CHECKSUMS,
-    ObjectInfo,
     ObjectMissing,
     StorageError,
     UnsafePath,
+    file_entry,
 )
 from app.storage.registry import StorageRegistry
 
@@ -41,14 +41,6 @@ def normalise(files: list[dict[str, Any]]) -> Manifest:
 class Listed:
     files: Manifest
     single_file: bool  # the uri names one object, not a prefix
-
-
-def file_entry(path: str, info: ObjectInfo) -> dict[str, Any]:
-    return {
-        "path": path,
-        "size_bytes": info.size_bytes,
-        **{n: info.checksums[n] for n in MANIFEST_CHECKSUMS if n in info.checksums},
-    }
 
 
 def list_manifest(located: Located, storages: StorageRegistry) -> Listed:

@@ -1,0 +1,293 @@
+"""The reading half of an import (DESIGN section 14): list the tree, tell its checkpoints
+apart, and hand them over in stretches, each one batch for the writer to commit.
+
+A stretch ends at a batch's worth of checkpoints, or every FLUSH_SECONDS once something is
+settled, and carries the cursor its counts account for: every key at or before it. Between
+stretches the listing may sit inside a checkpoint it has not finished gathering; those
+objects are counted by the stretch that settles it, so a resumed import counts nothing
+twice.
+
+A local tree is read in a child process of its own (`scan_in_child`). Walking a directory
+is a system call per file, each of which lets go of the GIL and must take it back; in the
+process that also encodes each batch for the database, every taking back waited behind
+the writer's Python, and the walk ran at half its speed. Apart, the walk has a core to
+itself while this process writes, and the batches cross a pipe pickled. An object store
+is read here, its pages arriving over the network: those waits let go of the GIL at no
+cost, and the store's client (and any its tier was given) stays in this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import IO, Any, Literal
+
+from app.domain.layouts import (
+    UNRECOGNIZED_SAMPLE,
+    Candidate,
+    Found,
+    Incomplete,
+    Recognizer,
+    hf_metrics,
+    run_name,
+    run_segment,
+)
+from app.storage.base import ObjectInfo, Storage, file_entry, join_key
+from app.storage.local import LocalStorage
+
+log = logging.getLogger("app.imports")
+BATCH = 1000  # checkpoints per transaction
+FLUSH_SECONDS = 2.0  # a stretch ends at least this often once something is settled
+TRAINER_STATE_LIMIT = 64 * 1024 * 1024  # a trainer_state.json larger than this is not read
+PIPE_BYTES = 4 * 1024 * 1024  # the child may run a few batches ahead of the writer
+RENEW: Literal["renew"] = "renew"  # nothing settled for FLUSH_SECONDS: renew the lease
+
+
+@dataclass(frozen=True, slots=True)
+class ScanJob:
+    """What a listing needs, and all a child process is told (as JSON)."""
+
+    uri: str  # the tree's uri: candidates' uris and run names derive from it
+    key: str  # the tree's key under its tier ("" for the tier's root)
+    layout: str
+    run: str | None  # one run for the whole tree, or None: named from the paths
+    cursor: str | None  # list after this key (a resumed import)
+    local_root: str | None = None  # a local tier's directory (what a child lists)
+
+
+@dataclass(slots=True)
+class Stretch:
+    """What the listing found since the last stretch, up to `cursor`."""
+
+    batch: list[Candidate] = field(default_factory=list)
+    incomplete: list[tuple[str, str]] = field(default_factory=list)
+    unrecognized_keys: list[str] = field(default_factory=list)
+    # Trainer checkpoints' metrics by position in the batch, on an object store: the result
+    # of a read already under way (a local file's are read as it is found)
+    reads: list[tuple[int, Callable[[], dict[str, float]]]] = field(default_factory=list)
+    cursor: str | None = None
+    listed: int = 0  # objects at or before `cursor` not counted by an earlier stretch
+    discovered: int = 0
+    unrecognized: int = 0
+
+    def with_metrics(self) -> list[Candidate]:
+        """The batch with each Trainer checkpoint's metrics, waiting for any read still
+        under way (they were sent off as each checkpoint was found)."""
+        for position, metrics in self.reads:
+            self.batch[position].metrics.update(metrics())
+        self.reads.clear()
+        return self.batch
+
+
+Piece = Stretch | Literal["renew"]
+
+
+def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None) -> Iterator[Piece]:
+    """The tree's stretches in key order, and RENEW when FLUSH_SECONDS pass with nothing
+    settled (one checkpoint of very many objects). `pool` reads Trainer state files while
+    the listing goes on; without one they are read as found."""
+    recognizer: Recognizer[ObjectInfo] = Recognizer(
+        job.layout, keep_unrecognized=UNRECOGNIZED_SAMPLE
+    )
+    naming = _Naming(job.uri, job.run)
+    current = Stretch()
+    counted = 0  # of recognizer.unrecognized, in the stretches so far
+    cursor = job.cursor
+    settled, settled_listed = cursor, 0  # what the next stretch may claim as done
+    previous: str | None = None
+    flushed = time.monotonic()
+
+    def settle(results: Iterator[Found[ObjectInfo] | Incomplete]) -> None:
+        nonlocal counted
+        for result in results:
+            if isinstance(result, Incomplete):
+                current.incomplete.append((result.key, result.reason))
+                continue
+            current.discovered += 1
+            candidate = _candidate(naming, result)
+            if result.layout == "hf" and "trainer_state.json" in dict(result.files):
+                state = join_key(join_key(job.key, result.key), "trainer_state.json")
+                read = partial(_trainer_metrics, storage, state, result.step)
+                if pool is None:
+                    candidate.metrics.update(read())
+                else:
+                    current.reads.append((len(current.batch), pool.submit(read).result))
+            current.batch.append(candidate)
+        current.unrecognized += recognizer.unrecognized - counted
+        counted = recognizer.unrecognized
+        current.unrecognized_keys.extend(recognizer.unrecognized_keys)
+        recognizer.unrecognized_keys.clear()
+
+    def cut(at: str | None, listed: int) -> Stretch:
+        nonlocal current, flushed
+        done, current = current, Stretch(listed=current.listed - listed)
+        done.cursor, done.listed = at, listed
+        flushed = time.monotonic()
+        return done
+
+    for info in storage.iter_prefix(job.key, start_after=job.cursor):
+        current.listed += 1
+        settle(recognizer.add(info.key, info))
+        if recognizer.open_from is None:
+            settled, settled_listed = info.key, current.listed
+        elif recognizer.open_from == info.key and previous is not None:
+            settled, settled_listed = previous, current.listed - 1
+        previous = info.key
+        due = time.monotonic() - flushed > FLUSH_SECONDS
+        if len(current.batch) >= BATCH or (due and settled != cursor):
+            yield cut(settled, settled_listed)
+            cursor = settled
+        elif due:
+            flushed = time.monotonic()
+            yield RENEW
+    settle(recognizer.finish())
+    yield cut(previous if previous is not None else cursor, current.listed)
+
+
+# --- a local tree, read in a child process --------------------------------------------------
+
+
+@contextlib.contextmanager
+def scan_in_child(job: ScanJob) -> Iterator[Iterator[Piece]]:
+    """`scan` of a local tier's tree, run by `python -m app.services.lifecycle.import_scan`;
+    the child is killed when the caller leaves (done, stopped or failed), and dies on its
+    own when this process does (its next write finds the pipe closed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", __name__, json.dumps(asdict(job))],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        close_fds=True,
+    )
+    assert proc.stdout is not None
+    _widen(proc.stdout)
+    try:
+        yield _received(proc, proc.stdout)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def _received(proc: subprocess.Popen[bytes], pipe: IO[bytes]) -> Iterator[Piece]:
+    while True:
+        try:
+            kind, value = pickle.load(pipe)
+        except EOFError:
+            code = proc.wait()
+            raise RuntimeError(f"the listing process ended early (exit status {code})") from None
+        if kind == "end":
+            return
+        if kind == "error":
+            raise RuntimeError(value)
+        yield value
+
+
+def _widen(pipe: IO[bytes]) -> None:
+    """A larger pipe, so the child goes on listing while a batch is written (Linux)."""
+    with contextlib.suppress(AttributeError, OSError):
+        import fcntl
+
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
+def _child(argv: list[str]) -> int:
+    from app.logging import configure_logging
+
+    configure_logging(os.environ.get("CKPT_LOG_LEVEL", "INFO").upper())
+    job = ScanJob(**json.loads(argv[0]))
+    assert job.local_root is not None
+    out = sys.stdout.buffer
+    send: Callable[[Any], None] = partial(pickle.dump, file=out, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        try:
+            for piece in scan(LocalStorage(job.local_root), job):
+                send(("piece", piece))
+                out.flush()
+            send(("end", None))
+        except BrokenPipeError:
+            raise
+        except Exception as error:  # reported to the import, where its caller looks
+            log.exception("import listing failed")
+            send(("error", str(error)))
+        out.flush()
+    except BrokenPipeError:  # the importing process is gone: nobody to tell
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return 1
+    return 0
+
+
+# --- candidates -----------------------------------------------------------------------------
+
+
+def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
+    files = [file_entry(name, info) for name, info in found.files]
+    modified = [info.modified for _, info in found.files if info.modified is not None]
+    run, run_uri = naming.run_of(found.run_path)
+    return Candidate(
+        key=found.key,
+        run=run,
+        run_uri=run_uri,
+        step=found.step,
+        uri=naming.uri_of(found.key),
+        layout=found.layout,
+        files=files,
+        size_bytes=sum(int(entry["size_bytes"]) for entry in files),
+        created_at=max(modified) if modified else datetime.now(UTC),
+        metrics={},  # a Trainer's are read from its trainer_state.json
+        single_file=found.single_file,
+    )
+
+
+class _Naming:
+    """Uris and run names of what an import finds (relative keys in, catalog names out)."""
+
+    def __init__(self, root_uri: str, run: str | None) -> None:
+        self.root = root_uri.rstrip("/")
+        self.root_name = self.root.rsplit("/", 1)[-1]
+        self.run = run
+        self._last: tuple[str, tuple[str, str]] | None = None
+
+    def uri_of(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def run_of(self, run_path: str) -> tuple[str, str]:
+        """(run name, uri of the directory it was named after)."""
+        if self._last is not None and self._last[0] == run_path:
+            return self._last[1]
+        name, _ = run_name(run_path, self.root_name)
+        at = run_segment(run_path)
+        named_after = "/".join(run_path.split("/")[: at + 1]) if at is not None else ""
+        where = f"{self.root}/{named_after}" if named_after else self.root
+        found = (self.run or name, where)
+        self._last = (run_path, found)
+        return found
+
+
+def _trainer_metrics(storage: Storage, key: str, step: int) -> dict[str, float]:
+    """A Trainer checkpoint's eval metrics at its step; none when the file cannot be read
+    (the checkpoint is adopted all the same)."""
+    try:
+        parsed = json.loads(storage.read_small(key, TRAINER_STATE_LIMIT))
+    except Exception:  # a torn, foreign or oversized file: the metrics are a courtesy
+        log.warning("trainer_state.json unreadable", extra={"key": key}, exc_info=True)
+        return {}
+    return hf_metrics(parsed, step) if isinstance(parsed, dict) else {}
+
+
+if __name__ == "__main__":
+    # through the module's own name, so that what is pickled names the classes the
+    # importing process knows (not `__main__`'s)
+    from app.services.lifecycle import import_scan
+
+    sys.exit(import_scan._child(sys.argv[1:]))
