@@ -69,6 +69,7 @@ class ImportServer(Server):
 
     def __init__(self, dbname: str, work: Path, tiers: list[dict[str, Any]], log: Path) -> None:
         self.port = free_port()
+        self.admin = None  # auth off: the import's requests carry no token
         # the default policy's tiers (nothing moves there: `ckpt api` runs no worker)
         tiers = [
             *({"name": name, "url": f"file://{work / 'data' / name}"} for name in DEFAULT_TIERS),

@@ -157,12 +157,16 @@ def wait_quiet(max_busy_pct: float, max_wait: float) -> float:
             return round(busy, 1)
 
 
+def _reaped_cpu(pid: int) -> float:
+    """CPU seconds of the children `pid` has waited for (cutime and cstime)."""
+    fields = _proc_stat(pid)
+    return (int(fields[13]) + int(fields[14])) / TICK if fields else 0.0
+
+
 def _postgres_cpu(postmaster: int) -> float:
     """Every PostgreSQL process, exited backends included (their time lands in the
     postmaster's cutime/cstime when it reaps them)."""
-    fields = _proc_stat(postmaster)
-    reaped = (int(fields[13]) + int(fields[14])) / TICK if fields else 0.0
-    return reaped + sum(_proc_cpu(pid) for pid in _tree(postmaster))
+    return _reaped_cpu(postmaster) + sum(_proc_cpu(pid) for pid in _tree(postmaster))
 
 
 class CpuMeter:
@@ -190,7 +194,9 @@ class CpuMeter:
         procs = {p: _proc_cpu(p) for p in _tree(self.server_pid)} if self.server_pid else {}
         return {
             "client": time.process_time(),
-            "server": sum(procs.values()),
+            # with the children it has reaped: an import's listing process, say
+            "server": sum(procs.values())
+            + (_reaped_cpu(self.server_pid) if self.server_pid else 0.0),
             "server_procs": procs,
             "postgres": _postgres_cpu(self.postmaster),
             "machine": _machine_busy(),
