@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from app.db.session import session_scope
 from app.services.lifecycle.ledger import add_action, new_action
-from app.services.lifecycle.planning import plan_catalog, replan_after
+from app.services.lifecycle.plan_ledger import replan_after
+from app.services.lifecycle.planning import plan_catalog
 from tests.builders import end_run, make_run, place_checkpoint, put_policy
 
 POLICY = """\
@@ -23,8 +24,16 @@ rules:
 """
 
 
-def fail_a_move(app: FastAPI, checkpoint: dict[str, Any], at: datetime) -> None:
-    """A move the policy planned, its attempts spent (as if the provider was down)."""
+def fail_a_move(
+    app: FastAPI,
+    checkpoint: dict[str, Any],
+    at: datetime,
+    *,
+    rule: str = "cool/cool",
+    end: bool = True,
+) -> str:
+    """A move the policy planned (or a person asked for: rule `manual`), its attempts spent
+    (as if the provider was down); with `end=False` it is still pending. Returns its id."""
     with session_scope(app.state.session_factory) as session:
         action = new_action(
             checkpoint_id=checkpoint["id"],
@@ -32,7 +41,7 @@ def fail_a_move(app: FastAPI, checkpoint: dict[str, Any], at: datetime) -> None:
             kind="move",
             from_tier="hot",
             to_tier="cold",
-            rule="cool/cool",
+            rule=rule,
             reason="run ended",
             state="pending",
             size=checkpoint["size_bytes"],
@@ -42,7 +51,9 @@ def fail_a_move(app: FastAPI, checkpoint: dict[str, Any], at: datetime) -> None:
         )
         add_action(session, action, at)
         session.flush()
-        action.state, action.finished_at, action.error = "failed", at, "503 SlowDown"
+        if end:
+            action.state, action.finished_at, action.error = "failed", at, "503 SlowDown"
+        return action.id
 
 
 def planned_moves(app: FastAPI, now: datetime) -> tuple[set[str], list[str]]:
@@ -94,3 +105,45 @@ def test_a_sweep_does_not_write_the_failed_work_again_until_then(
     plan = client.post("/v1/plan", json={}).json()
     assert plan["actions"] == []
     assert [s["checkpoint_id"] for s in plan["skipped"]] == [checkpoint["id"]]
+
+
+def test_one_runs_evaluation_reads_the_ledger_as_a_whole_plan_does(
+    client: TestClient, app: FastAPI, data_dir: Path
+) -> None:
+    """A registration evaluates its run alone and reads that run's ledger in one statement
+    (open and failed actions together); it must hold back and report the same work as a
+    plan of the whole catalog, which counts failures in the database."""
+    put_policy(client, POLICY)
+    run = make_run(client)
+    twice = place_checkpoint(client, data_dir, run, 100, "milestone")
+    by_hand = place_checkpoint(client, data_dir, run, 200, "milestone")
+    underway = place_checkpoint(client, data_dir, run, 300, "milestone")
+    end_run(client, run["id"], datetime.now(UTC) - timedelta(hours=1))
+    start = datetime.now(UTC)
+    fail_a_move(app, twice, start - replan_after(1))
+    fail_a_move(app, twice, start)
+    fail_a_move(app, by_hand, start, rule="manual")  # a person's failure holds nothing back
+    open_id = fail_a_move(app, underway, start, end=False)
+
+    def plans(at: datetime) -> list[tuple[list[tuple[str, str, str | None]], list[str]]]:
+        with session_scope(app.state.session_factory) as session:
+            found = [
+                plan_catalog(session, tiers=app.state.tiers, now=at, run_id=scope)
+                for scope in (run["id"], None)
+            ]
+        return [
+            (
+                sorted((i.action.checkpoint_id, i.state, i.open_action_id) for i in p.items),
+                sorted(s.reason for s in p.skipped),
+            )
+            for p in found
+        ]
+
+    one, whole = plans(start + timedelta(minutes=1))
+    assert one == whole
+    items, skipped = one
+    assert items == sorted([(by_hand["id"], "pending", None), (underway["id"], "pending", open_id)])
+    assert len(skipped) == 1 and skipped[0].startswith("move failed 2 times (last at ")
+    one, whole = plans(start + replan_after(2))
+    assert one == whole
+    assert {checkpoint for checkpoint, *_ in one[0]} == {twice["id"], by_hand["id"], underway["id"]}

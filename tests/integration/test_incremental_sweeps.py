@@ -21,7 +21,8 @@ from app.policy.loading import validate_policy
 from app.services.catalog.due_runs import due_run_ids
 from app.services.catalog.policies import store_policy
 from app.services.lifecycle.ledger import close
-from app.services.lifecycle.planning import plan_catalog, replan_after
+from app.services.lifecycle.plan_ledger import replan_after
+from app.services.lifecycle.planning import plan_catalog
 from app.services.lifecycle.sweep import run_sweep
 from tests.builders import put_policy
 

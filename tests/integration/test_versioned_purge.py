@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 
 from app.db.models import DeletedBytes
 from app.db.session import session_scope
-from app.services.lifecycle.planning import plan_catalog, replan_after
+from app.services.lifecycle.plan_ledger import replan_after
+from app.services.lifecycle.planning import plan_catalog
 from app.services.lifecycle.trash import enqueue_due_purges
 from app.settings import Settings
 from tests.builders import (

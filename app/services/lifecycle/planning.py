@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TypedDict
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.cost.early_deletion import (
@@ -20,10 +19,9 @@ from app.cost.early_deletion import (
 )
 from app.cost.prices import effective_price
 from app.cost.saving_start import saving_starts
-from app.db.models import Action
 from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
-from app.domain.states import OPEN_STATES, ActionKind, ActionState
+from app.domain.states import ActionKind
 from app.domain.tier import Tier
 from app.policy.due import next_change
 from app.policy.engine import evaluate, select_policy, shadows_of
@@ -31,14 +29,14 @@ from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
 from app.services.catalog.run_totals import project_totals
 from app.services.lifecycle.locks import current_locks, hold_back_locked
+from app.services.lifecycle.plan_ledger import (
+    WorkKey,
+    not_yet_again,
+    planned_again_at,
+    read_ledger,
+)
 from app.services.lifecycle.shadow import ShadowPlanned, plan_shadows
 from app.services.lifecycle.snapshot import Scope, gc_paused, load_scope, ranked_by, restrict
-
-# Work whose action failed (its attempts spent, say while a provider is down) is planned
-# again only after a pause that doubles with each failure: a long outage then leaves a few
-# failed actions per checkpoint, not one per sweep.
-REPLAN_AFTER_FAILURE = timedelta(minutes=15)
-REPLAN_AFTER_FAILURE_MAX = timedelta(hours=24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,40 +112,6 @@ def exceeds_blast_radius(delete_count: int, delete_bytes: int, total: tuple[int,
     return delete_count * 2 > count or delete_bytes * 2 > size
 
 
-def _open_actions(
-    session: Session, run_id: str | None
-) -> dict[tuple[str, str, str | None], Action]:
-    stmt = select(Action).where(Action.state.in_(OPEN_STATES))
-    if run_id is not None:
-        stmt = stmt.where(Action.run_id == run_id)
-    return {(a.checkpoint_id, a.kind, a.to_tier): a for a in session.execute(stmt).scalars()}
-
-
-def _failures(
-    session: Session, run_id: str | None
-) -> dict[tuple[str, str, str | None], tuple[int, datetime]]:
-    """Per (checkpoint, kind, target): how many rule-planned actions failed, and when the
-    last one did."""
-    stmt = (
-        select(
-            Action.checkpoint_id,
-            Action.kind,
-            Action.to_tier,
-            func.count(),
-            func.max(Action.finished_at),
-        )
-        .where(Action.state == ActionState.FAILED, Action.rule != "manual")
-        .group_by(Action.checkpoint_id, Action.kind, Action.to_tier)
-    )
-    if run_id is not None:
-        stmt = stmt.where(Action.run_id == run_id)
-    return {
-        (checkpoint_id, kind, to_tier): (int(count), last)
-        for checkpoint_id, kind, to_tier, count, last in session.execute(stmt)
-        if last is not None
-    }
-
-
 def _held(session: Session, scope: Scope, project: str, deletes: list[PlannedAction]) -> bool:
     """Whether the project's new deletes exceed the blast radius. The project's active
     checkpoints in scope are a lower bound of all of them: deletes within half of those
@@ -170,50 +134,6 @@ def _held(session: Session, scope: Scope, project: str, deletes: list[PlannedAct
 # Beyond this many runs of a project in scope, summing what was loaded costs more than
 # asking the database for the project's totals (kept per run).
 LOWER_BOUND_RUNS = 200
-
-
-def replan_after(failures: int) -> timedelta:
-    """How long after its last failure the same work is planned again."""
-    return min(REPLAN_AFTER_FAILURE * (1 << min(failures - 1, 16)), REPLAN_AFTER_FAILURE_MAX)
-
-
-def _not_yet_again(
-    actions: list[PlannedAction],
-    failures: dict[tuple[str, str, str | None], tuple[int, datetime]],
-    now: datetime,
-) -> tuple[list[PlannedAction], list[Skipped]]:
-    """The actions to plan now, and those that failed too recently to try again."""
-    keep: list[PlannedAction] = []
-    wait: list[Skipped] = []
-    for a in actions:
-        failed = failures.get((a.checkpoint_id, a.kind, a.to_tier))
-        if failed is None or failed[1] + replan_after(failed[0]) <= now:
-            keep.append(a)
-            continue
-        count, last = failed
-        again = last + replan_after(count)
-        wait.append(
-            Skipped(
-                a.checkpoint_id,
-                a.rule,
-                f"{a.kind} failed {count} time{'s' if count > 1 else ''} (last at "
-                f"{last:%Y-%m-%dT%H:%M:%SZ}): planned again after {again:%Y-%m-%dT%H:%M:%SZ}",
-            )
-        )
-    return keep, wait
-
-
-def _waits(
-    failures: dict[tuple[str, str, str | None], tuple[int, datetime]],
-    locks: dict[str, tuple[datetime, str]],
-) -> dict[str, list[datetime]]:
-    """Per checkpoint, the instants its failed work is planned again and its lock ends."""
-    found: dict[str, list[datetime]] = defaultdict(list)
-    for (checkpoint_id, _kind, _to), (count, last) in failures.items():
-        found[checkpoint_id].append(last + replan_after(count))
-    for checkpoint_id, (until, _why) in locks.items():
-        found[checkpoint_id].append(until)
-    return found
 
 
 def plan_catalog(
@@ -278,8 +198,7 @@ def _plan(
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
     # alone) rather than neither open nor visible in the catalog (and planned again).
-    existing = _open_actions(session, run_id)
-    failures = _failures(session, run_id)
+    existing, failures = read_ledger(session, run_id)
     locks, purges_waiting = current_locks(
         session, now, project=project, run_id=run_id, projects=projects, run_ids=run_ids
     )
@@ -297,14 +216,14 @@ def _plan(
     )
     if run_id is not None and not scope.runs:
         raise Invalid(f"no run has id {run_id!r}", field="run_id")
-    waits = _waits(failures, locks) if due else {}
+    waits = planned_again_at(failures, locks) if due else {}
     ranks = {t.name: t.rank for t in tiers}
     prices = {t.name: effective_price(t) for t in tiers}
     billed = {t.name: t.provider.billed_after_delete for t in tiers}
     plan = CatalogPlan(skipped=purges_waiting)
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
-    costs: dict[tuple[str, str, str | None], ActionCost] = {}
-    changes: dict[tuple[str, str, str | None], tuple[tuple[str, float], ...]] = {}
+    costs: dict[WorkKey, ActionCost] = {}
+    changes: dict[WorkKey, tuple[tuple[str, float], ...]] = {}
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
@@ -345,7 +264,7 @@ def _plan(
             prices=prices,
             resumed_by_active=scope.resumed_by_active,
         )
-        actions, waiting = _not_yet_again(list(result.actions), failures, now)
+        actions, waiting = not_yet_again(list(result.actions), failures, now)
         actions, locked = hold_back_locked(actions, locks)
         if explain and actions:
             by_id = {c.id: c for c in checkpoints}

@@ -19,7 +19,7 @@ from app.services.lifecycle.billed import record_removed
 from app.services.lifecycle.crash import crash_point
 from app.services.lifecycle.ledger import add_action, failed_purges, open_action, purge_action
 from app.services.lifecycle.placement import refuse_if_overlapping, remove_location
-from app.services.lifecycle.planning import replan_after
+from app.services.lifecycle.plan_ledger import replan_after
 from app.services.lifecycle.steps import Context, checkpoint_event, load_checkpoint
 
 
