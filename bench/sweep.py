@@ -4,7 +4,7 @@ Bulk-loads a synthetic catalog (COPY) in three sizes, 100k, 300k and 1M active
 checkpoints (100 per run, so 1,000 / 3,000 / 10,000 runs), and at each size times
   - a full dry-run plan of the whole catalog under policies/default.yaml (`POST /v1/plan`:
     every kept checkpoint with its reasons), and the same plan as a sweep makes it after a
-    policy edit (actions only),
+    policy edit (actions only, with each run's next due time),
   - the psycopg fetch of the rows the plan reads (its peer),
   - a periodic sweep in which 1 % of the runs are due,
   - a registration-triggered prune: a rolling checkpoint added to an active run, then
@@ -335,7 +335,10 @@ def main() -> None:
                 gc.collect()
                 with factory() as session:  # what a sweep after a policy edit plans
                     t0 = time.perf_counter()
-                    replan = plan_catalog(session, tiers=TIERS, now=now, explain=False)
+                    # as run_sweep asks it: with each run's next due time and the shadows
+                    replan = plan_catalog(
+                        session, tiers=TIERS, now=now, explain=False, due=True, shadows=True
+                    )
                     replan_s = time.perf_counter() - t0
                 assert len(replan.items) == planned, "a sweep's plan differs from the dry run's"
                 del replan

@@ -41,8 +41,12 @@ class CheckpointSnapshot(NamedTuple):
     protected_until: datetime | None = None  # set by an undelete
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedAction:
+# Tuples, as the snapshots are: a plan of a million checkpoints makes hundreds of thousands
+# of each, and a frozen dataclass sets every field through object.__setattr__ (about four
+# times the cost of a tuple's construction).
+
+
+class PlannedAction(NamedTuple):
     checkpoint_id: str
     run_id: str
     step: int
@@ -54,15 +58,13 @@ class PlannedAction:
     bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Kept:
+class Kept(NamedTuple):
     checkpoint_id: str
     step: int
     reasons: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Skipped:
+class Skipped(NamedTuple):
     checkpoint_id: str
     rule: str
     reason: str

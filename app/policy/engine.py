@@ -171,14 +171,16 @@ def evaluate(
     described: dict[tuple[str, str, str | None], str] = {}
     for rule in sorted(policy.rules, key=lambda r: r.name):
         classes = rule.classes
+        if classes is not None and not any(k in by_class for k in classes):
+            continue
+        run_unmet = _run_unmet(rule, run, now)
+        if run_unmet is not None and not explain:
+            continue  # a sweep's plan of a rule waiting for its run: nothing to gather
         if classes is None:
             members = live
         else:
             members = [c for k in sorted(classes) for c in by_class.get(k, ())]
         if not members:
-            continue
-        run_unmet = _run_unmet(rule, run, now)
-        if run_unmet is not None and not explain:
             continue
         kept = kept_by_rule(rule, members, now)
         waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""

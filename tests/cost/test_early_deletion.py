@@ -7,7 +7,6 @@ S3 Standard $0.023, Glacier Instant Retrieval $0.004 (90 days) per GB-month."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -110,7 +109,7 @@ def test_every_planned_action_is_priced() -> None:
     assert cost.early_deletion_usd == pytest.approx(1000 * (0.004 * 70 + 0.00099 * 160) / 30)
     assert cost.retrieval_usd == 0.0
 
-    move = replace(delete, kind="move", to_tier="archive")
+    move = delete._replace(kind="move", to_tier="archive")
     moved = planned_action_cost(move, c, PRICES, NOW)
     assert moved.retrieval_usd == pytest.approx(30.0)
     assert moved.early_deletion_usd == pytest.approx(1000 * 0.004 * 70 / 30)
@@ -139,18 +138,18 @@ def test_every_planned_action_changes_the_bills_of_the_tiers_it_touches() -> Non
         "archive": -1000 * price["archive"],
         "cold": -1000 * price["cold"],
     }
-    onto_replica = replace(delete, kind="move", to_tier="archive")
+    onto_replica = delete._replace(kind="move", to_tier="archive")
     assert planned_storage_change(onto_replica, c, PRICES) == {
         "cold": -1000 * price["cold"],
         "archive": 0.0,
     }
-    move = replace(delete, kind="move", from_tier="hot", to_tier="cold")
+    move = delete._replace(kind="move", from_tier="hot", to_tier="cold")
     on_hot = c._replace(tier="hot", tiers=frozenset({"hot"}))
     assert planned_storage_change(move, on_hot, PRICES) == {
         "hot": -1000 * price["hot"],
         "cold": 1000 * price["cold"],
     }
-    copy = replace(delete, kind="copy", to_tier="warm")
+    copy = delete._replace(kind="copy", to_tier="warm")
     assert planned_storage_change(copy, c, PRICES) == {"warm": 1000 * price["warm"]}
     free = planned_storage_change(delete, c, FREE)
     assert free == {"archive": 0.0, "cold": 0.0}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 from sqlalchemy.orm import Session
 
@@ -39,8 +39,9 @@ from app.services.lifecycle.shadow import ShadowPlanned, plan_shadows
 from app.services.lifecycle.snapshot import Scope, gc_paused, load_scope, ranked_by, restrict
 
 
-@dataclass(frozen=True, slots=True)
-class PlanItem:
+class PlanItem(NamedTuple):
+    """One planned action as a plan reports it (a tuple: a replan makes 200,000)."""
+
     action: PlannedAction
     state: str  # held | pending, or the state of the open action already in the ledger
     open_action_id: str | None = None
@@ -275,7 +276,7 @@ def _plan(
                 changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
                 note = saving_starts(a, checkpoint, billed, now, trash_retention)
                 if note is not None:  # the same usd_month, from later on
-                    actions[i] = replace(a, reason=f"{a.reason}; {note}")
+                    actions[i] = a._replace(reason=f"{a.reason}; {note}")
         per_project[run.project].extend(actions)
         plan.kept.extend(result.kept)
         plan.skipped.extend(result.skipped)
