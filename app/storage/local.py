@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -120,20 +121,28 @@ class LocalStorage:
         """Opened first, then asked where it is: the kernel names the file the descriptor
         holds in one call, where `realpath` costs an lstat per component (an import reads
         a Trainer's state file in every one of thousands of checkpoints), and nothing can
-        swap a symlink in between the check and the open."""
+        swap a symlink in between the check and the open. Opened without blocking, and
+        refused unless a regular file: a symlink to a FIFO, anywhere, must not hang the
+        read before it is refused."""
         path = self._path(key)
         try:
-            reader = open(path, "rb")  # noqa: SIM115 (the caller closes it)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise ObjectMissing(f"{key!r} does not exist") from None
         try:
-            real = _opened_path(reader.fileno(), str(path))
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(f"{key!r} is a directory")
+            real = _opened_path(fd, str(path))
             if not (real == str(self.root) or real.startswith(str(self.root) + os.sep)):
                 raise UnsafePath(f"{key!r} leads outside the tier")
+            if not stat.S_ISREG(mode):
+                raise UnsafePath(f"{key!r} is not a regular file")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
         except BaseException:
-            reader.close()
+            os.close(fd)
             raise
-        return reader
 
     def read_small(self, key: str, limit: int) -> bytes:
         """Sized first: reading `limit` + 1 bytes of a small file would have Python set

@@ -4,6 +4,8 @@ inside reads like any file."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,37 @@ def test_a_missing_file_is_missing_not_unsafe(layout: tuple[LocalStorage, Path])
     storage, _ = layout
     with pytest.raises(ObjectMissing):
         storage.open_read("run/step_1/nothing.json")
+
+
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_a_fifo_is_refused_without_hanging_the_read(
+    layout: tuple[LocalStorage, Path], where: str
+) -> None:
+    """A symlink to a named pipe (or the pipe itself) must not block the open until some
+    writer comes: the read is refused at once, outside the tier or in it."""
+    storage, outside = layout
+    fifo = (outside if where == "outside" else storage.root) / "pipe"
+    os.mkfifo(fifo)
+    (storage.root / "run" / "step_1" / "state.json").symlink_to(fifo)
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            storage.read_small("run/step_1/state.json", 1024)
+        except BaseException as error:  # handed to the test's thread
+            failures.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # unblock it so the daemon thread can end, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("opening the pipe blocked")
+    assert len(failures) == 1 and isinstance(failures[0], UnsafePath), failures
+
+
+def test_a_directory_is_not_read_as_a_file(layout: tuple[LocalStorage, Path]) -> None:
+    storage, _ = layout
+    with pytest.raises(IsADirectoryError):
+        storage.open_read("run/step_1")
