@@ -35,6 +35,15 @@ def _opened_path(fd: int, path: str) -> str:
         return os.path.realpath(path)
 
 
+def _same_file(reader: BinaryIO, checked: os.stat_result, key: str) -> BinaryIO:
+    """`reader`, opened again after `checked` passed the checks, if it is that file."""
+    now = os.fstat(reader.fileno())
+    if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+        reader.close()
+        raise UnsafePath(f"{key!r} changed while it was opened")
+    return reader
+
+
 class LocalStorage:
     scheme = "file"
 
@@ -121,28 +130,32 @@ class LocalStorage:
         """Opened first, then asked where it is: the kernel names the file the descriptor
         holds in one call, where `realpath` costs an lstat per component (an import reads
         a Trainer's state file in every one of thousands of checkpoints), and nothing can
-        swap a symlink in between the check and the open. Opened without blocking, and
-        refused unless a regular file: a symlink to a FIFO, anywhere, must not hang the
-        read before it is refused."""
+        swap a symlink in between the check and the open. Opened without blocking, so
+        that a symlink to a named pipe outside the tier is refused rather than waited on;
+        a pipe inside the tier reads as a pipe does, opened again once checked."""
         path = self._path(key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise ObjectMissing(f"{key!r} does not exist") from None
         try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
+            found = os.fstat(fd)
+            if stat.S_ISDIR(found.st_mode):
                 raise IsADirectoryError(f"{key!r} is a directory")
             real = _opened_path(fd, str(path))
             if not (real == str(self.root) or real.startswith(str(self.root) + os.sep)):
                 raise UnsafePath(f"{key!r} leads outside the tier")
-            if not stat.S_ISREG(mode):
-                raise UnsafePath(f"{key!r} is not a regular file")
-            os.set_blocking(fd, True)
-            return os.fdopen(fd, "rb")
+            if not stat.S_ISFIFO(found.st_mode):
+                os.set_blocking(fd, True)
+                return os.fdopen(fd, "rb")
+            # A pipe inside the tier: opened again, waiting for its writer, before the first
+            # descriptor closes (a writer that came in between would find no reader left).
+            reader = open(path, "rb")  # noqa: SIM115 (the caller closes it)
         except BaseException:
             os.close(fd)
             raise
+        os.close(fd)
+        return _same_file(reader, found, key)
 
     def read_small(self, key: str, limit: int) -> bytes:
         """Sized first: reading `limit` + 1 bytes of a small file would have Python set
