@@ -54,7 +54,10 @@ class LocalStorage:
         return self.root / key if key else self.root
 
     def _inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
+        return self._within(os.path.realpath(path))
+
+    def _within(self, real: str) -> bool:
+        """Whether a resolved path is the tier's root or lies under it."""
         return real == str(self.root) or real.startswith(str(self.root) + os.sep)
 
     def same_service(self, other: Storage) -> bool:
@@ -142,8 +145,7 @@ class LocalStorage:
             found = os.fstat(fd)
             if stat.S_ISDIR(found.st_mode):
                 raise IsADirectoryError(f"{key!r} is a directory")
-            real = _opened_path(fd, str(path))
-            if not (real == str(self.root) or real.startswith(str(self.root) + os.sep)):
+            if not self._within(_opened_path(fd, str(path))):
                 raise UnsafePath(f"{key!r} leads outside the tier")
             if not stat.S_ISFIFO(found.st_mode):
                 os.set_blocking(fd, True)
