@@ -31,6 +31,7 @@ from app.api import (
 )
 from app.api.auth import authorize, document_security, route_templates
 from app.api.deps import known_query, query_parameters
+from app.api.fast_registration import FastRegistration
 from app.api.openapi import document_inputs, document_policies, document_problems
 from app.api.schemas import CheckpointCreate
 from app.bootstrap import bootstrap_token, load_policies_into
@@ -118,6 +119,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.storages = storages
     errors.install(app)
+    app.add_middleware(FastRegistration, state=app.state)
     routers = (
         runs,
         checkpoints,

@@ -68,6 +68,7 @@ class Phase:
     ledger: dict[str, int] = field(default_factory=dict)
     server_split: list[float] = field(default_factory=list)
     git: str | None = None
+    seq_scanned: int = 0  # rows read by sequential scans of checkpoints/locations, timed
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -97,6 +98,7 @@ class Phase:
             "server_start_failures": self.start_failures,
             "server_cpu_share_by_process": self.server_split,
             "rows_after": self.rows,
+            "seq_scanned_rows_while_timed": self.seq_scanned,
             "ledger_rows_after": self.ledger,
             "check": self.check,
         }
@@ -249,13 +251,65 @@ def checkpoint_pg() -> None:
     _admin("CHECKPOINT")
 
 
+HISTORY_RUN = "run_bench_history"
+
+
+def preload(name: str, count: int) -> None:
+    """`count` checkpoints already in the catalog (with their locations) when a phase
+    starts, then ANALYZE, as autovacuum leaves a catalog in use.
+
+    Without them a phase starts from empty tables and grows them tenfold, and the plans its
+    connections prepare (psycopg prepares a statement on its fifth use; PostgreSQL then
+    keeps one generic plan for it) are made for near-empty tables and kept: in runs without
+    this, the service's overlap check scanned the whole `locations` table, or every live
+    checkpoint, on most registrations, and its statement cost PostgreSQL 0.65 or 1.9 ms from
+    one run to the next. A deployment's catalog is large and analyzed; so is this one."""
+    with psycopg.connect(dsn(name), autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO projects (name, created_at) VALUES ('bench-history', now()) RETURNING id"
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            "INSERT INTO runs (id, project_id, name, status, labels, started_at) "
+            "VALUES (%s, %s, 'history', 'completed', '{}', now())",
+            (HISTORY_RUN, row[0]),
+        )
+        conn.execute(
+            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files, "
+            "metrics, labels, pinned, created_at, registered_at, committed_at) "
+            "SELECT 'ckpt_history_' || g, %s, g, 'milestone', 'active', "
+            "'s3://bench-history/history/step-' || g, 1, '[]', '{}', '{}', false, "
+            "now(), now(), now() FROM generate_series(1, %s) g",
+            (HISTORY_RUN, count),
+        )
+        conn.execute(
+            "INSERT INTO locations (checkpoint_id, tier, uri, storage_class, role) "
+            "SELECT id, 'archive', uri, NULL, 'primary' FROM checkpoints WHERE run_id = %s",
+            (HISTORY_RUN,),
+        )
+        conn.execute("ANALYZE")
+
+
+def scanned_rows(name: str) -> int:
+    """Rows read by sequential scans of `checkpoints` and `locations` so far: a registration
+    that needs one has a bad plan."""
+    with psycopg.connect(dsn(name)) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables "
+            "WHERE relname IN ('checkpoints', 'locations')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def verify(name: str, expected: int, files: int) -> tuple[int, str]:
     """Checkpoint rows against successful registrations; manifests and locations too."""
     with psycopg.connect(dsn(name)) as conn:
         row = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE json_array_length(files) = %s), "
-            "(SELECT count(*) FROM locations WHERE role = 'primary') FROM checkpoints",
-            (files,),
+            "(SELECT count(*) FROM locations l JOIN checkpoints c ON c.id = l.checkpoint_id "
+            " WHERE l.role = 'primary' AND c.run_id <> %s) "
+            "FROM checkpoints WHERE run_id <> %s",
+            (files, HISTORY_RUN, HISTORY_RUN),
         ).fetchone()
     assert row is not None
     total, complete, locations = (int(v) for v in row)
@@ -521,6 +575,7 @@ def bench_service(args: argparse.Namespace, work: Workload, workers: int, tmp: P
     """One service phase on its own fresh database, dropped afterwards."""
     dbname = create_database()
     try:
+        preload(dbname, args.catalog)
         return _measure_service(args, work, workers, tmp, dbname)
     finally:
         drop_database(dbname)
@@ -571,6 +626,7 @@ def _measure_service(
         marks: dict[str, Any] = {}
 
         def started() -> None:
+            marks["scanned"] = scanned_rows(dbname)
             marks["before"] = meter.snapshot()
             marks["start"] = time.perf_counter()
 
@@ -581,6 +637,7 @@ def _measure_service(
         before = marks["before"]
         phase.cpu = CpuMeter.delta(before, after)
         phase.server_split = CpuMeter.split(before, after)
+        phase.seq_scanned = scanned_rows(dbname) - marks["scanned"]
         phase.pg_sessions_opened = int(after["sessions"] - before["sessions"])
     except BaseException:
         print(f"server log (tail):\n{server.log.read_text()[-4000:]}", file=sys.stderr)
@@ -662,6 +719,7 @@ def bench_raw(args: argparse.Namespace, work: Workload) -> Phase:
     dbname = create_database()
     phase = Phase("raw psycopg", None)
     try:
+        preload(dbname, args.catalog)
         now = datetime.now(UTC)
         with psycopg.connect(dsn(dbname)) as conn:
             project = conn.execute(
@@ -707,11 +765,13 @@ def bench_raw(args: argparse.Namespace, work: Workload) -> Phase:
             warm = Phase("warm-up", None)
             drive_raw(conns, range(args.warmup), row, warm)
             meter = CpuMeter(dbname, None)
+            scanned = scanned_rows(dbname)
             before = meter.snapshot()
             start = time.perf_counter()
             drive_raw(conns, range(args.warmup, args.warmup + args.count), row, phase)
             phase.seconds = time.perf_counter() - start
             after = meter.snapshot()
+            phase.seq_scanned = scanned_rows(dbname) - scanned
         finally:
             for conn in conns:
                 conn.close()
@@ -822,6 +882,12 @@ def parse_args() -> argparse.Namespace:
         default="on",
         help="access control: each registration sends a register token for its project",
     )
+    parser.add_argument(
+        "--catalog",
+        type=int,
+        default=100_000,
+        help="checkpoints already catalogued (and analyzed) when each phase starts",
+    )
     parser.add_argument("--skip-raw", action="store_true", help="leave out the raw peer")
     return parser.parse_args()
 
@@ -847,8 +913,10 @@ def main() -> None:
     for s in summaries:
         if raw and s is not raw:
             s["ratio_to_raw"] = round(s["rate_per_s"] / raw["rate_per_s"], 3)
-        if s["workers"]:
-            s["meets_target"] = s["rate_per_s"] >= 1000 and s["p99_ms"] <= 50
+        if s["workers"] and raw:  # DESIGN section 9
+            floor = 0.5 * raw["rate_per_s"] if s["workers"] == 1 else 1000.0
+            s["target"] = f">= {floor:.0f}/s, p99 <= {1.5 * raw['p99_ms']:.1f} ms"
+            s["meets_target"] = s["rate_per_s"] >= floor and s["p99_ms"] <= 1.5 * raw["p99_ms"]
     print()
     print(table(summaries))
     print()
@@ -859,10 +927,11 @@ def main() -> None:
             print(f"  code: {s['git']}")
         if "ratio_to_raw" in s:
             verdict = "met" if s["meets_target"] else "MISSED"
-            print(f"  service/raw {s['ratio_to_raw']:.3f}; target (1000/s, p99 50 ms) {verdict}")
+            print(f"  service/raw {s['ratio_to_raw']:.3f}; target ({s['target']}) {verdict}")
         if s["ledger_rows_after"]:
             print(f"  ledger rows after the phase: {s['ledger_rows_after']}")
         print(f"  PostgreSQL sessions opened while timed: {s['pg_sessions_opened']}")
+        print(f"  rows read by sequential scans while timed: {s['seq_scanned_rows_while_timed']}")
         if len(s["server_cpu_share_by_process"]) > 1:
             print(f"  server CPU share by process: {s['server_cpu_share_by_process']}")
         for failure in s["server_start_failures"]:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from fastapi import Request
 from fastapi.routing import APIRoute, iter_route_contexts
+from sqlalchemy import Engine
 from starlette.routing import BaseRoute
 
 from app.domain.access import ANONYMOUS, NOBODY, Principal, Scope
@@ -163,9 +164,8 @@ def rule_for(request: Request) -> Rule | None:
     return RULES.get((request.method, template)) if template is not None else None
 
 
-def _bearer(request: Request) -> str:
+def bearer(header: str | None) -> str:
     """The token of `Authorization: Bearer <token>`. Messages never repeat the header."""
-    header = request.headers.get("authorization")
     if header is None:
         raise Unauthorized("this request needs a token: send 'Authorization: Bearer <token>'")
     scheme, _, secret = header.strip().partition(" ")
@@ -220,7 +220,7 @@ async def _checked(request: Request) -> Principal:
         return NOBODY
     if request.app.state.settings.auth == "off":
         return ANONYMOUS
-    secret = _bearer(request)
+    secret = bearer(request.headers.get("authorization"))
     project: str | None = None
     reference: tuple[ProjectOf, str] | None = None
     if rule.project is ProjectFrom.BODY:
@@ -228,9 +228,22 @@ async def _checked(request: Request) -> Principal:
     elif rule.project in PATH_REFERENCES:
         kind, param = PATH_REFERENCES[rule.project]
         reference = (kind, str(request.path_params[param]))
-    match = await anyio.to_thread.run_sync(
-        lookup_token, request.app.state.engine, secret, reference
+    return await anyio.to_thread.run_sync(
+        token_principal, request.app.state.engine, secret, rule, project, reference
     )
+
+
+def token_principal(
+    engine: Engine,
+    secret: str,
+    rule: Rule,
+    project: str | None,
+    reference: tuple[ProjectOf, str] | None,
+) -> Principal:
+    """The principal of a live token allowed what `rule` asks, on `project` or else on the
+    project of `reference`; one round trip. Blocking: call it from a worker thread."""
+    assert rule.scope is not None
+    match = lookup_token(engine, secret, reference)
     if match is None:
         raise Unauthorized("unknown or revoked token", invalid_token=True)
     principal = match.principal

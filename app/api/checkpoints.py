@@ -74,12 +74,13 @@ _REGISTRATION_BODY = {
 }
 
 
-def _register(
+def make_registration(
     state: State, run_id: str, body: CheckpointCreate, actor: str
 ) -> tuple[CheckpointRead, bool]:
-    """The registration in its own session, committed (or rolled back) here: the one
-    thread hand-off a registration makes. (On PostgreSQL its insert runs on an autocommit
-    connection of its own, so this session's commit does no I/O.)"""
+    """The registration in its own session, committed (or rolled back) here; blocking, for
+    a worker thread. (On PostgreSQL its insert runs on an autocommit connection of its own,
+    so this session's commit does no I/O.) Served by the route below and, for most
+    requests, by app.api.fast_registration."""
     settings: Settings = state.settings
     registration = Registration(
         step=body.step,
@@ -121,7 +122,7 @@ async def register_checkpoint(run_id: str, request: Request) -> Response:
     body = _registration(request, await request.body())
     principal: Principal = request.state.principal
     answer, created = await anyio.to_thread.run_sync(
-        _register, request.app.state, run_id, body, principal.actor
+        make_registration, request.app.state, run_id, body, principal.actor
     )
     request.app.state.runtime.request_evaluation(run_id)  # committed: evaluate the run
     return Response(

@@ -61,7 +61,12 @@ async def _app_error(_request: Request, error: Exception) -> JSONResponse:
 
 
 def sent_json(request: Request) -> bool:
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return json_media(request.headers.get("content-type"))
+
+
+def json_media(content_type: str | None) -> bool:
+    """Whether a content-type names JSON: application/json or application/...+json."""
+    media = (content_type or "").split(";")[0].strip().lower()
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
     )

@@ -1,0 +1,158 @@
+"""A registration is answered the same whichever way it takes through the app: the fast
+path answers those that succeed, the route every other (app.api.fast_registration). Each
+refusal below goes through the fast path first and must still come back as the route's
+problem, having written nothing; each success must be what GET then shows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tests.builders import (
+    assert_problem,
+    bearer,
+    file_entries,
+    issue_token,
+    step_dir,
+    step_files,
+    write_checkpoint,
+)
+
+
+def _body(data_dir: Path, run: dict[str, Any], step: int) -> dict[str, Any]:
+    contents = step_files(step)
+    root = step_dir(data_dir, "hot", run, step)
+    uri = write_checkpoint(root.parent, root.name, contents)
+    return {"step": step, "class": "rolling", "uri": uri, "files": file_entries(contents)}
+
+
+@pytest.fixture
+def run(admin_client: TestClient) -> dict[str, Any]:
+    response = admin_client.post("/v1/runs", json={"project": "mine", "name": "r"})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@pytest.fixture
+def job_secret(auth_app: FastAPI) -> str:
+    """What a training job holds: a register token for its project."""
+    return issue_token(auth_app, name="job", scopes=("register",), projects=("mine",))[1]
+
+
+def _steps(admin_client: TestClient, run: dict[str, Any]) -> list[int]:
+    listed = admin_client.get(f"/v1/runs/{run['id']}/checkpoints").json()["items"]
+    return sorted(c["step"] for c in listed)
+
+
+def test_a_registration_answers_what_get_shows_then_200_when_sent_again(
+    auth_client: TestClient,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+    job_secret: str,
+) -> None:
+    body = _body(data_dir, run, 1)
+    path = f"/v1/runs/{run['id']}/checkpoints"
+    first = auth_client.post(path, json=body, headers=bearer(job_secret))
+    assert first.status_code == 201, first.text
+    assert first.headers["content-type"] == "application/json"
+    created = first.json()
+    assert created == admin_client.get(f"/v1/checkpoints/{created['id']}").json()
+    assert created["created_by"].startswith("token:") and created["created_by"].endswith(":job")
+    again = auth_client.post(path, json=body, headers=bearer(job_secret))
+    assert again.status_code == 200, again.text
+    assert again.json() == created
+    assert _steps(admin_client, run) == [1]
+
+
+def test_a_body_sent_in_pieces_is_registered_whole(
+    auth_app: FastAPI,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+    job_secret: str,
+) -> None:
+    """A body streamed in several ASGI messages (as a chunked upload arrives)."""
+    raw = httpx.Request("POST", "http://x", json=_body(data_dir, run, 7)).read()
+    pieces = [raw[i : i + 100] for i in range(0, len(raw), 100)]
+    assert len(pieces) > 3
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=auth_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(
+                f"/v1/runs/{run['id']}/checkpoints",
+                content=chunks(),
+                headers={"content-type": "application/json", **bearer(job_secret)},
+            )
+
+    response = asyncio.run(send())
+    assert response.status_code == 201, response.text
+    assert response.json()["step"] == 7
+    assert len(response.json()["files"]) == 2
+    assert _steps(admin_client, run) == [7]
+
+
+def test_refusals_are_the_route_s_problems_and_write_nothing(
+    auth_app: FastAPI,
+    auth_client: TestClient,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+    job_secret: str,
+) -> None:
+    path = f"/v1/runs/{run['id']}/checkpoints"
+    good = _body(data_dir, run, 3)
+    token = bearer(job_secret)
+    theirs = issue_token(auth_app, name="other", scopes=("register",), projects=("theirs",))[1]
+    reader = issue_token(auth_app, name="reader", scopes=("read",), projects=("*",))[1]
+
+    missing = auth_client.post(path, json=good)
+    assert_problem(missing, 401)
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert_problem(auth_client.post(path, json=good, headers=bearer("not-a-token")), 401)
+    assert_problem(auth_client.post(path, json=good, headers=bearer(theirs)), 403)
+    assert_problem(auth_client.post(path, json=good, headers=bearer(reader)), 403)
+    # no token and a bad body: the token is checked first, as on every route
+    assert_problem(auth_client.post(path, json={"step": -1}), 401)
+    assert_problem(auth_client.post(path, json={**good, "step": "x"}, headers=token), 422, "step")
+    assert_problem(
+        auth_client.post(path, content=b'{"step": 3,', headers=token | _JSON), 400, "body"
+    )
+    as_text = auth_client.post(path, content=b"{}", headers=token | {"content-type": "text/plain"})
+    assert_problem(as_text, 415, "body")
+    query = auth_client.post(path + "?force=1", json=good, headers=token)
+    assert_problem(query, 422, "force")
+    assert_problem(
+        auth_client.post("/v1/runs/run_nothing/checkpoints", json=good, headers=token),
+        404,
+        "run_id",
+    )
+    outside = {**good, "uri": "file:///nowhere/step-3"}
+    assert_problem(auth_client.post(path, json=outside, headers=token), 422, "uri")
+    assert _steps(admin_client, run) == []
+
+    registered = auth_client.post(path, json=good, headers=token)
+    assert registered.status_code == 201, registered.text
+    one = good["files"][0]  # a file of the registered directory, as a checkpoint of its own
+    inside = {**good, "step": 4, "uri": f"{good['uri']}/{one['path']}", "files": [one]}
+    overlap = assert_problem(auth_client.post(path, json=inside, headers=token), 409, "uri")
+    assert overlap["checkpoint_id"] == registered.json()["id"]
+    changed = {**good, "class": "milestone"}
+    assert_problem(auth_client.post(path, json=changed, headers=token), 409)
+    assert _steps(admin_client, run) == [3]
+
+
+_JSON = {"content-type": "application/json"}
