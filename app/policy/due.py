@@ -27,10 +27,13 @@ def next_change(
     checkpoints: Sequence[CheckpointSnapshot],
     now: datetime,
     also: Iterable[datetime] = (),
+    *,
+    live_only: bool = False,
 ) -> datetime | None:
     """The earliest instant after `now` at which `policy`'s plan of `run` can differ from
     its plan at `now` with nothing but the clock moved; None when never. `also` adds
     instants the caller knows of (a failed action planned again, a provider lock ending).
+    `live_only`: the caller passes active checkpoints alone (as a whole plan's scope holds).
     The plan at any `t` with `now <= t < next_change(...)` equals the plan at `now`."""
     if policy is None:
         return None  # no policy plans nothing, whenever
@@ -43,7 +46,7 @@ def next_change(
 
     for moment in also:
         consider(moment)
-    live = [c for c in checkpoints if c.state == "active"]
+    live = checkpoints if live_only else [c for c in checkpoints if c.state == "active"]
     # Only a checkpoint younger than the grace, or protected, crosses either line later:
     # compared first, as a sweep after a policy edit asks this of a million checkpoints.
     young = now - GRACE

@@ -232,10 +232,11 @@ def _plan(
         if shadows_here:
             shadowed[run.id] = shadows_here
         if due:
-            also = [t for c in checkpoints for t in waits.get(c.id, ())]
-            found = next_change(governing, run, checkpoints, now, also)
+            # (usually nothing waits: then no lookup per checkpoint, a million of them)
+            also = [t for c in checkpoints for t in waits.get(c.id, ())] if waits else []
+            found = next_change(governing, run, checkpoints, now, also, live_only=True)
             for shadow_policy in shadows_here:  # due when any of its plans may change
-                other = next_change(shadow_policy, run, checkpoints, now, also)
+                other = next_change(shadow_policy, run, checkpoints, now, also, live_only=True)
                 found = min((t for t in (found, other) if t is not None), default=None)
             plan.next_due.append((run.id, run.next_due_at, found))
         if governing is None:
