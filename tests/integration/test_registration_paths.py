@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,10 @@ def test_a_body_sent_in_pieces_is_registered_whole(
                 headers={"content-type": "application/json", **bearer(job_secret)},
             )
 
-    response = asyncio.run(send())
+    # A thread of its own: another fixture of the session (the console's browser) may
+    # already run an event loop in this one.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        response = pool.submit(asyncio.run, send()).result()
     assert response.status_code == 201, response.text
     assert response.json()["step"] == 7
     assert len(response.json()["files"]) == 2
