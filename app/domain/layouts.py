@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -169,7 +169,9 @@ class Recognizer(Generic[T]):
         every key added so far is settled: what a resumed listing must start before."""
         return self._open_from
 
-    def add(self, key: str, info: T) -> Iterator[Found[T] | Incomplete]:
+    def add(self, key: str, info: T) -> Sequence[Found[T] | Incomplete]:
+        """What adding `key` settled: usually nothing, returned as such rather than as a
+        generator, because this runs once per object of trees of millions."""
         group = self._group
         # Inside the checkpoint being gathered: the common case, one prefix test. A bare
         # number is a guess, though: a deeper one (`runs/2024/5/`, after a file of
@@ -177,40 +179,46 @@ class Recognizer(Generic[T]):
         if group is not None and key.startswith(group.key + "/"):
             if group.layout != "orbax":
                 group.files.append((key[len(group.key) + 1 :], info))
-                return
+                return ()
             segments = key.split("/")
             where = self._locate(key, segments)
             if where is not None and "/".join(segments[: where[1] + 1]) == group.key:
                 group.files.append((key[len(group.key) + 1 :], info))
-                return
+                return ()
         if self._skipping is not None and key.startswith(self._skipping + "/"):
-            return
-        yield from self.finish()
+            return ()
+        settled = self.finish()
         segments = key.split("/")
         where = self._locate(key, segments)
         if where is None:
             self._unrecognized([key])
-            return
+            return settled
         layout, depth, step = where
         prefix = "/".join(segments[: depth + 1])
         if layout == "orbax-tmp":  # reported once the listing has left it
             self._skipping, self._open_from = prefix, key
         elif layout == "lightning":
             run_path = "/".join(segments[:-1])
-            yield Found("lightning", key, step, run_path, True, ((segments[-1], info),))
+            found = Found("lightning", key, step, run_path, True, ((segments[-1], info),))
+            return (*settled, found)
         else:
             self._group = _Group(layout, prefix, step, [(key[len(prefix) + 1 :], info)])
             self._open_from = key
+        return settled
 
-    def finish(self) -> Iterator[Found[T] | Incomplete]:
+    def finish(self) -> Sequence[Found[T] | Incomplete]:
         """Settle the checkpoint being gathered, if any (the listing ended, or moved on)."""
         group, self._group = self._group, None
         skipped, self._skipping = self._skipping, None
         self._open_from = None
+        if group is None and skipped is None:
+            return ()
+        settled: list[Found[T] | Incomplete] = []
         if skipped is not None:
-            yield Incomplete(skipped, "an orbax save that never finished (a temporary directory)")
+            reason = "an orbax save that never finished (a temporary directory)"
+            settled.append(Incomplete(skipped, reason))
         if group is None:
-            return
+            return settled
         layout = group.layout
         markers = _MARKERS.get(layout)
         if markers is not None and not {name for name, _ in group.files}.intersection(markers):
@@ -219,13 +227,14 @@ class Recognizer(Generic[T]):
             elif layout == "orbax" and self.layout == AUTO:
                 # a numbered folder, nothing more
                 self._unrecognized([f"{group.key}/{name}" for name, _ in group.files])
-                return
+                return settled
             else:
-                yield Incomplete(group.key, _MISSING[layout])
-                return
+                settled.append(Incomplete(group.key, _MISSING[layout]))
+                return settled
         run_path = group.key.rpartition("/")[0]
         files = tuple(sorted(group.files, key=lambda file: file[0]))
-        yield Found(layout, group.key, group.step, run_path, False, files)
+        settled.append(Found(layout, group.key, group.step, run_path, False, files))
+        return settled
 
     def _unrecognized(self, keys: list[str]) -> None:
         self.unrecognized += len(keys)

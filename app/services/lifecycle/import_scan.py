@@ -26,7 +26,7 @@ import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -108,8 +108,7 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
     previous: str | None = None
     flushed = time.monotonic()
 
-    def settle(results: Iterator[Found[ObjectInfo] | Incomplete]) -> None:
-        nonlocal counted
+    def settle(results: Sequence[Found[ObjectInfo] | Incomplete]) -> None:
         for result in results:
             if isinstance(result, Incomplete):
                 current.incomplete.append((result.key, result.reason))
@@ -124,13 +123,15 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
                 else:
                     current.reads.append((len(current.batch), pool.submit(read).result))
             current.batch.append(candidate)
+
+    def cut(at: str | None, listed: int) -> Stretch:
+        """The stretch up to `at`, with the unrecognized keys the recognizer counted so far
+        (each settled as it came: none lies after `at`)."""
+        nonlocal current, flushed, counted
         current.unrecognized += recognizer.unrecognized - counted
         counted = recognizer.unrecognized
         current.unrecognized_keys.extend(recognizer.unrecognized_keys)
         recognizer.unrecognized_keys.clear()
-
-    def cut(at: str | None, listed: int) -> Stretch:
-        nonlocal current, flushed
         done, current = current, Stretch(listed=current.listed - listed)
         done.cursor, done.listed = at, listed
         flushed = time.monotonic()
@@ -138,7 +139,9 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
 
     for info in storage.iter_prefix(job.key, start_after=job.cursor):
         current.listed += 1
-        settle(recognizer.add(info.key, info))
+        settled_now = recognizer.add(info.key, info)
+        if settled_now:
+            settle(settled_now)
         if recognizer.open_from is None:
             settled, settled_listed = info.key, current.listed
         elif recognizer.open_from == info.key and previous is not None:
