@@ -110,12 +110,12 @@ def planned_action_cost(
     charged less than it will be). Tiers without a price cost nothing."""
     days = max(0.0, (now - checkpoint.created_at).total_seconds() / DAY_SECONDS)
     if action.kind == "delete":
-        held = checkpoint.tiers | ({checkpoint.tier} if checkpoint.tier else set())
-        charges = [
-            action_cost("delete", action.bytes, source=prices.get(t), days_on_source=days)
-            for t in sorted(held)
-        ]
-        return ActionCost(early_deletion_usd=sum(c.early_deletion_usd for c in charges))
+        early = 0.0  # summed in the tiers' order, as a total of per-tier charges would be
+        for tier in sorted(_held(checkpoint)):
+            quote = prices.get(tier)
+            if quote is not None:
+                early += early_deletion_usd(action.bytes, days, quote)
+        return ActionCost(early_deletion_usd=early)
     return action_cost(
         action.kind,
         action.bytes,
@@ -123,6 +123,15 @@ def planned_action_cost(
         target=prices.get(action.to_tier or ""),
         days_on_source=days,
     )
+
+
+def _held(checkpoint: CheckpointSnapshot) -> Collection[str]:
+    """Every tier holding the checkpoint (a catalog's snapshot lists its primary among
+    them already: then no new set per action of a million-checkpoint plan)."""
+    tier = checkpoint.tier
+    if not tier or tier in checkpoint.tiers:
+        return checkpoint.tiers
+    return checkpoint.tiers | {tier}
 
 
 def planned_storage_change(
@@ -139,7 +148,7 @@ def planned_storage_change(
         quote = prices.get(tier)
         return quote.usd_month(size) if quote is not None else 0.0
 
-    held = checkpoint.tiers | ({checkpoint.tier} if checkpoint.tier else set())
+    held = _held(checkpoint)
     change: dict[str, float] = {}
     if action.kind == "delete":
         for tier in sorted(held or {action.from_tier or "?"}):

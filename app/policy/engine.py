@@ -16,6 +16,7 @@ from app.policy.keep import kept_by_rule
 from app.policy.schema import CopyTo, MoveTo, Policy, Rule
 
 GRACE = timedelta(seconds=60)
+_NO_RULE = ("no rule applies",)
 
 
 def select_policy(policies: Iterable[Policy], run: RunSnapshot) -> Policy | None:
@@ -158,10 +159,15 @@ def evaluate(
     # asking costs a pass over every checkpoint.
     protected_found: list[dict[str, str]] = []
 
-    def is_protected(checkpoint_id: str) -> bool:
+    def protection_of(checkpoint_id: str) -> str | None:
         if not protected_found:
             protected_found.append(protections(run, live, now, resumed_by_active))
-        return checkpoint_id in protected_found[0]
+        return protected_found[0].get(checkpoint_id)
+
+    def is_protected(checkpoint_id: str) -> bool:
+        return protection_of(checkpoint_id) is not None
+
+    new_kept = tuple.__new__  # not Kept's own constructor: an explained plan makes a million
 
     by_class: dict[str, list[CheckpointSnapshot]] = {}
     for c in live:
@@ -184,10 +190,17 @@ def evaluate(
             continue
         kept = kept_by_rule(rule, members, now)
         waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""
+        # "<rule>: <why kept>" once per distinct why: a million kept checkpoints share a
+        # handful of reasons, as one string each
+        labelled: dict[str, str] = {}
         for c in members:
-            if c.id in kept:
+            kept_as = kept.get(c.id)
+            if kept_as is not None:
                 if explain:
-                    reasons.setdefault(c.id, []).append(f"{rule.name}: {kept[c.id]}")
+                    label = labelled.get(kept_as)
+                    if label is None:
+                        label = labelled[kept_as] = f"{rule.name}: {kept_as}"
+                    reasons.setdefault(c.id, []).append(label)
                 continue
             if run_unmet is not None:
                 reasons.setdefault(c.id, []).append(waiting)
@@ -211,6 +224,7 @@ def evaluate(
             proposals.setdefault(c.id, []).append((kind, target, rule.name, why))
     actions: list[PlannedAction] = []
     kept_list: list[Kept] = []
+    alike: dict[tuple[str, ...], tuple[str, ...]] = {}
     ordered = (
         sorted(live, key=lambda c: c.step, reverse=True)
         if explain
@@ -232,10 +246,23 @@ def evaluate(
                     bytes=c.size_bytes,
                 )
             )
-        if explain and not any(kind == "delete" for kind, *_ in chosen):
-            why_kept = [protected_found[0][c.id]] if is_protected(c.id) else []
+        if not explain:
+            continue
+        if not chosen:  # the usual case: kept, and why is all the rules said
+            protected_by = protection_of(c.id)
+            said = reasons.get(c.id)
+            if protected_by is not None:
+                because = (protected_by, *said) if said else (protected_by,)
+            else:
+                because = tuple(said) if said else _NO_RULE
+            # most of a run's kept checkpoints stay for the same reasons: one tuple each
+            because = alike.setdefault(because, because)
+            kept_list.append(new_kept(Kept, (c.id, c.step, because)))
+        elif not any(kind == "delete" for kind, *_ in chosen):
+            protected_by = protection_of(c.id)
+            why_kept = [protected_by] if protected_by is not None else []
             why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
-            kept_list.append(Kept(c.id, c.step, tuple(why_kept) or ("no rule applies",)))
+            kept_list.append(Kept(c.id, c.step, tuple(why_kept)))
     return Plan(actions=tuple(actions), kept=tuple(kept_list))
 
 

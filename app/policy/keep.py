@@ -42,7 +42,8 @@ def keep_best(
     checkpoints: Sequence[CheckpointSnapshot], metric: str, mode: str, count: int
 ) -> dict[str, str]:
     label = f"keep_best {count} by {mode} {metric}"
-    kept = {c.id: f"{label} (metric missing)" for c in checkpoints if metric not in c.metrics}
+    missing = f"{label} (metric missing)"
+    kept = {c.id: missing for c in checkpoints if metric not in c.metrics}
     scored = [c for c in checkpoints if metric in c.metrics]
     sign = 1 if mode == "min" else -1
     scored.sort(key=lambda c: (sign * c.metrics[metric], -c.step))
@@ -91,20 +92,22 @@ def kept_by_rule(
     rule: Rule, checkpoints: Sequence[CheckpointSnapshot], now: datetime
 ) -> dict[str, str]:
     """Union of every keep clause of `rule` over the run's live checkpoints of its class."""
-    reasons: dict[str, list[str]] = {}
-
-    def add(found: dict[str, str]) -> None:
-        for cid, reason in found.items():
-            reasons.setdefault(cid, []).append(reason)
-
+    found: list[dict[str, str]] = []
     if rule.keep_last is not None:
-        add(keep_last(checkpoints, rule.keep_last))
+        found.append(keep_last(checkpoints, rule.keep_last))
     if rule.keep_best is not None:
         kb = rule.keep_best
-        add(keep_best(checkpoints, kb.metric, kb.mode, kb.count))
+        found.append(keep_best(checkpoints, kb.metric, kb.mode, kb.count))
     if rule.keep_every is not None:
-        add(keep_every(checkpoints, rule.keep_every.steps))
+        found.append(keep_every(checkpoints, rule.keep_every.steps))
     if rule.keep_within is not None:
-        add(keep_within(checkpoints, rule.keep_within, now))
-    add(keep_calendar(checkpoints, rule))
+        found.append(keep_within(checkpoints, rule.keep_within, now))
+    found.append(keep_calendar(checkpoints, rule))
+    found = [kept for kept in found if kept]
+    if len(found) <= 1:  # one clause's reasons as they are (a plan asks for thousands of runs)
+        return found[0] if found else {}
+    reasons: dict[str, list[str]] = {}
+    for kept in found:
+        for cid, reason in kept.items():
+            reasons.setdefault(cid, []).append(reason)
     return {cid: "; ".join(r) for cid, r in reasons.items()}

@@ -225,6 +225,7 @@ def _plan(
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
     costs: dict[WorkKey, ActionCost] = {}
     changes: dict[WorkKey, tuple[tuple[str, float], ...]] = {}
+    notes: dict[tuple[str, str | None, str | None, frozenset[str]], str | None] = {}
     for run in scope.runs:
         checkpoints = scope.checkpoints.get(run.id, [])
         governing = policy or select_policy(policies, run)
@@ -275,7 +276,12 @@ def _plan(
                 key = (a.checkpoint_id, a.kind, a.to_tier)
                 costs[key] = planned_action_cost(a, checkpoint, prices, now)
                 changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
-                note = saving_starts(a, checkpoint, billed, now, trash_retention)
+                # the same tiers freed the same way say the same: once per plan
+                says = (a.kind, a.from_tier, checkpoint.tier, checkpoint.tiers)
+                if says in notes:
+                    note = notes[says]
+                else:
+                    note = notes[says] = saving_starts(a, checkpoint, billed, now, trash_retention)
                 if note is not None:  # the same usd_month, from later on
                     actions[i] = a._replace(reason=f"{a.reason}; {note}")
         per_project[run.project].extend(actions)
