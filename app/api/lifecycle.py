@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -23,16 +24,13 @@ from app.api.lifecycle_schemas import (
     ActionKind,
     ActionRead,
     ActionState,
-    KeptRead,
-    PlanActionRead,
     PlanRead,
     PlanRequest,
-    PlanTotals,
     RestoreRequest,
-    SkippedRead,
     SweepRead,
     SweepRequest,
 )
+from app.api.plan_json import plan_document
 from app.api.schemas import CheckpointRead, Page
 from app.db.models import Action, Checkpoint
 from app.domain.tier import Tier
@@ -95,7 +93,7 @@ def _what_if(
     return policies.resolve_policy(session, [t.name for t in tiers], policy)
 
 
-@router.post("/v1/plan")
+@router.post("/v1/plan", response_model=PlanRead)
 def plan(
     body: PlanRequest,
     session: SessionDep,
@@ -103,9 +101,11 @@ def plan(
     principal: PrincipalDep,
     now: NowDep,
     settings: SettingsDep,
-) -> PlanRead:
+) -> StreamingResponse:
     """Dry run: what would happen now, and why each checkpoint stays or goes. Writes nothing.
-    Without a project or run, a token bounded to some projects gets the plan of those."""
+    Without a project or run, a token bounded to some projects gets the plan of those.
+    The answer is written from the plan as it is sent (app.api.plan_json): a whole
+    catalog's is a million entries."""
     project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
     what_if = _what_if(session, tiers, body.policy)
     result = plan_catalog(
@@ -118,34 +118,7 @@ def plan(
         projects=principal.projects,
         trash_retention=settings.trash_retention,
     )
-    return PlanRead(
-        actions=[
-            PlanActionRead(
-                checkpoint_id=i.action.checkpoint_id,
-                run_id=i.action.run_id,
-                step=i.action.step,
-                kind=i.action.kind,
-                from_tier=i.action.from_tier,
-                to_tier=i.action.to_tier,
-                rule=i.action.rule,
-                reason=i.action.reason,
-                bytes=i.action.bytes,
-                state=i.state,
-                usd_month=i.usd_month,
-                one_off_usd=i.one_off_usd,
-            )
-            for i in result.items
-        ],
-        kept=[
-            KeptRead(checkpoint_id=k.checkpoint_id, step=k.step, reasons=list(k.reasons))
-            for k in result.kept
-        ],
-        skipped=[
-            SkippedRead(checkpoint_id=s.checkpoint_id, rule=s.rule, reason=s.reason)
-            for s in result.skipped
-        ],
-        totals=PlanTotals(**result.totals()),
-    )
+    return StreamingResponse(plan_document(result), media_type="application/json")
 
 
 @router.post("/v1/sweeps", status_code=status.HTTP_202_ACCEPTED)

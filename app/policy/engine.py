@@ -190,9 +190,10 @@ def evaluate(
             continue
         kept = kept_by_rule(rule, members, now)
         waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""
-        # "<rule>: <why kept>" once per distinct why: a million kept checkpoints share a
-        # handful of reasons, as one string each
+        # "<rule>: <why>" once per distinct why: a million checkpoints share a handful of
+        # reasons, as one string each (a keep clause's, an unmet condition's, a no-op's)
         labelled: dict[str, str] = {}
+        unmet_said: dict[str, str] = {}
         for c in members:
             kept_as = kept.get(c.id)
             if kept_as is not None:
@@ -208,12 +209,18 @@ def evaluate(
             unmet = _checkpoint_unmet(rule, c, now)
             if unmet is not None:
                 if explain:
-                    reasons.setdefault(c.id, []).append(f"{rule.name}: waiting, {unmet}")
+                    label = unmet_said.get(unmet)
+                    if label is None:
+                        label = unmet_said[unmet] = f"{rule.name}: waiting, {unmet}"
+                    reasons.setdefault(c.id, []).append(label)
                 continue
             proposal = _proposal(rule, c, tier_ranks)
             if isinstance(proposal, str):
                 if explain:
-                    reasons.setdefault(c.id, []).append(f"{rule.name}: {proposal}")
+                    label = labelled.get(proposal)
+                    if label is None:
+                        label = labelled[proposal] = f"{rule.name}: {proposal}"
+                    reasons.setdefault(c.id, []).append(label)
                 continue
             kind, target = proposal
             if kind != "copy" and is_protected(c.id):
@@ -230,6 +237,7 @@ def evaluate(
         if explain
         else [c for c in live if c.id in proposals]
     )
+    qualified = {r.name: f"{policy.name}/{r.name}" for r in policy.rules}
     for c in ordered:
         chosen = _resolve(proposals.get(c.id, []), tier_ranks)
         for kind, target, rule_name, why in chosen:
@@ -241,7 +249,7 @@ def evaluate(
                     kind=kind,
                     from_tier=c.tier,
                     to_tier=target,
-                    rule=f"{policy.name}/{rule_name}",
+                    rule=qualified[rule_name],
                     reason=why,
                     bytes=c.size_bytes,
                 )

@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.api import plan_json
+from app.api.lifecycle_schemas import PlanRead
 from app.db.models import Action, Sweep
 from tests.builders import (
     ago,
@@ -125,6 +127,22 @@ def test_whole_catalog_plan_lists_actions_kept_and_totals(
         "usd_month_by_tier": {"hot": 0.0},
         "one_off_usd": 0.0,
     }
+
+
+def test_the_answer_is_the_documented_one_whatever_the_size_of_its_pieces(
+    client: TestClient, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's JSON is written in pieces as it is sent: pieces of four entries (the
+    four actions in one, the six kept in a full one and a short one, no skipped in none)
+    give the same document, and that document is exactly what the response model
+    describes, no field more or less."""
+    whole = plan(client)
+    monkeypatch.setattr(plan_json, "PIECE", 4)
+    pieces = plan(client)
+
+    assert pieces == whole
+    assert len(whole["actions"]) == 4 and len(whole["kept"]) == 6
+    assert PlanRead.model_validate(whole).model_dump(mode="json") == whole
 
 
 def test_plan_writes_nothing(

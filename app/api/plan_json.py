@@ -1,0 +1,73 @@
+"""A plan's answer written as JSON straight from the plan, a few thousand entries at a time.
+
+A dry run of a whole catalog of a million checkpoints answers with about a million
+entries (200 MB of JSON). Built as response models, validated again by the framework and
+encoded by the standard library, that answer took longer than the plan itself and held
+1.6 GB at its peak; written here from the plan's tuples with orjson, in pieces streamed
+as they are encoded, it costs a fraction of the plan and holds one piece at a time.
+
+The document is the one `PlanRead` describes (the route keeps it as its response model,
+for the OpenAPI document), field for field and in its order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import orjson
+
+from app.domain.plan import Kept, Skipped
+from app.services.lifecycle.planning import CatalogPlan, PlanItem
+
+PIECE = 5000  # entries per encoded piece
+T = TypeVar("T")
+
+
+def plan_document(plan: CatalogPlan) -> Iterator[bytes]:
+    """The plan's JSON, in pieces: actions, kept, skipped, totals."""
+    yield b'{"actions":'
+    yield from _array(plan.items, _action)
+    yield b',"kept":'
+    yield from _array(plan.kept, _kept)
+    yield b',"skipped":'
+    yield from _array(plan.skipped, _skipped)
+    yield b',"totals":'
+    yield orjson.dumps(plan.totals())
+    yield b"}"
+
+
+def _array(entries: Sequence[T], entry: Callable[[T], dict[str, Any]]) -> Iterator[bytes]:
+    """A JSON array of `entries`, encoded PIECE at a time."""
+    yield b"["
+    for start in range(0, len(entries), PIECE):
+        encoded = orjson.dumps([entry(e) for e in entries[start : start + PIECE]])
+        # each piece's elements, without its brackets; a comma between pieces
+        yield (b"," if start else b"") + encoded[1:-1]
+    yield b"]"
+
+
+def _action(item: PlanItem) -> dict[str, Any]:
+    a = item.action
+    return {
+        "checkpoint_id": a.checkpoint_id,
+        "run_id": a.run_id,
+        "step": a.step,
+        "kind": a.kind,
+        "from_tier": a.from_tier,
+        "to_tier": a.to_tier,
+        "rule": a.rule,
+        "reason": a.reason,
+        "bytes": a.bytes,
+        "state": item.state,
+        "usd_month": item.usd_month,
+        "one_off_usd": item.one_off_usd,
+    }
+
+
+def _kept(k: Kept) -> dict[str, Any]:
+    return {"checkpoint_id": k.checkpoint_id, "step": k.step, "reasons": k.reasons}
+
+
+def _skipped(s: Skipped) -> dict[str, Any]:
+    return {"checkpoint_id": s.checkpoint_id, "rule": s.rule, "reason": s.reason}
