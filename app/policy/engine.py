@@ -167,7 +167,9 @@ def evaluate(
     def is_protected(checkpoint_id: str) -> bool:
         return protection_of(checkpoint_id) is not None
 
-    new_kept = tuple.__new__  # not Kept's own constructor: an explained plan makes a million
+    # not the named tuples' own constructors: a plan of a million checkpoints makes a
+    # million kept entries and 200,000 actions
+    new_tuple = tuple.__new__
 
     by_class: dict[str, list[CheckpointSnapshot]] = {}
     for c in live:
@@ -241,17 +243,22 @@ def evaluate(
     for c in ordered:
         chosen = _resolve(proposals.get(c.id, []), tier_ranks)
         for kind, target, rule_name, why in chosen:
+            # PlannedAction's fields in order: checkpoint_id, run_id, step, kind,
+            # from_tier, to_tier, rule, reason, bytes
             actions.append(
-                PlannedAction(
-                    checkpoint_id=c.id,
-                    run_id=run.id,
-                    step=c.step,
-                    kind=kind,
-                    from_tier=c.tier,
-                    to_tier=target,
-                    rule=qualified[rule_name],
-                    reason=why,
-                    bytes=c.size_bytes,
+                new_tuple(
+                    PlannedAction,
+                    (
+                        c.id,
+                        run.id,
+                        c.step,
+                        kind,
+                        c.tier,
+                        target,
+                        qualified[rule_name],
+                        why,
+                        c.size_bytes,
+                    ),
                 )
             )
         if not explain:
@@ -265,7 +272,7 @@ def evaluate(
                 because = tuple(said) if said else _NO_RULE
             # most of a run's kept checkpoints stay for the same reasons: one tuple each
             because = alike.setdefault(because, because)
-            kept_list.append(new_kept(Kept, (c.id, c.step, because)))
+            kept_list.append(new_tuple(Kept, (c.id, c.step, because)))
         elif not any(kind == "delete" for kind, *_ in chosen):
             protected_by = protection_of(c.id)
             why_kept = [protected_by] if protected_by is not None else []

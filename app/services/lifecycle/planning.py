@@ -294,9 +294,16 @@ def _plan(
         deletes = [
             a
             for a in actions
-            if a.kind == ActionKind.DELETE and (a.checkpoint_id, a.kind, a.to_tier) not in existing
+            if a.kind == ActionKind.DELETE
+            and (not existing or (a.checkpoint_id, a.kind, a.to_tier) not in existing)
         ]
         held = _held(session, scope, project_name, deletes)
+        if not existing and not costs:  # a sweep's plan with nothing open: no lookups
+            deleting = "held" if held else "pending"
+            plan.items.extend(
+                PlanItem(a, deleting if a.kind == ActionKind.DELETE else "pending") for a in actions
+            )
+            continue
         for a in actions:
             key = (a.checkpoint_id, a.kind, a.to_tier)
             open_action = existing.get(key)
