@@ -5,6 +5,9 @@ checkpoints (100 per run, so 1,000 / 3,000 / 10,000 runs), and at each size time
   - a full dry-run plan of the whole catalog under policies/default.yaml (`POST /v1/plan`:
     every kept checkpoint with its reasons), and the same plan as a sweep makes it after a
     policy edit (actions only, with each run's next due time),
+  - that dry run asked of `ckpt api` over HTTP (`POST /v1/plan` with no scope, as `ckpt
+    plan` asks it), from the request to the answer's last byte, checked to hold the same
+    actions and kept checkpoints,
   - the psycopg fetch of the rows the plan reads (its peer),
   - a periodic sweep in which 1 % of the runs are due,
   - a registration-triggered prune: a rolling checkpoint added to an active run, then
@@ -23,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import http.client
 import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -49,10 +55,12 @@ from app.services.catalog.due_runs import due_run_ids  # noqa: E402
 from app.services.catalog.policies import store_policy  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
 from app.services.lifecycle.sweep import run_sweep  # noqa: E402
+from bench.register import Server, free_port, sqlalchemy_url  # noqa: E402
 
 PG_HOST = os.environ.get("CKPT_BENCH_PG_HOST", "127.0.0.1")
 ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
 PER_RUN = 100
+JSON = {"Content-Type": "application/json"}
 TIERS = [
     Tier(name=n, url=f"file:///srv/ckpt/{n}", rank=i)
     for i, n in enumerate(("hot", "warm", "cold", "archive"))
@@ -155,6 +163,59 @@ def load_runs(
     )
     copy_rows(conn, "locations", ["checkpoint_id", "tier", "uri", "role"], loc_rows)
     return ids
+
+
+class PlanServer(Server):
+    """`ckpt api` on the benchmark's database, with the benchmark's tier names."""
+
+    def __init__(self, db: str, work: Path) -> None:
+        self.port = free_port()
+        self.admin = None  # auth off
+        tiers = [{"name": t.name, "url": f"file://{work / t.name}"} for t in TIERS]
+        (work / "tiers.yaml").write_text(yaml.safe_dump({"tiers": tiers}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+        env.update(
+            CKPT_DATABASE_URL=sqlalchemy_url(db),
+            CKPT_DATA_DIR=str(work),
+            CKPT_TIERS_FILE=str(work / "tiers.yaml"),
+            CKPT_AUTH="off",
+            CKPT_HOST="127.0.0.1",
+            CKPT_PORT=str(self.port),
+        )
+        self.log = work / "server.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "ckpt"), "api"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+
+def http_plan(db: str, planned: int, kept: int) -> tuple[float, int]:
+    """`POST /v1/plan` of the whole catalog through `ckpt api`, as `ckpt plan` asks it: from
+    the request to the answer's last byte; the answer must hold the in-process plan's
+    actions and kept checkpoints. Returns (seconds, bytes of the answer)."""
+    with tempfile.TemporaryDirectory(prefix="ckpt-bench-plan-") as tmp:
+        server = PlanServer(db, Path(tmp))
+        try:
+            server.wait_healthy()
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/plan", body=b"{}", headers=JSON)
+            response = conn.getresponse()
+            body = response.read()
+            seconds = time.perf_counter() - t0
+            conn.close()
+        finally:
+            server.stop()
+    assert response.status == 200, f"POST /v1/plan answered {response.status}: {body[:500]!r}"
+    answer = json.loads(body)
+    got = (len(answer["actions"]), len(answer["kept"]))
+    assert got == (planned, kept), f"POST /v1/plan: {got}, the plan in process {planned, kept}"
+    return seconds, len(body)
 
 
 def fetch_plan_rows(conn: psycopg.Connection[Any]) -> float:
@@ -343,6 +404,7 @@ def main() -> None:
                 assert len(replan.items) == planned, "a sweep's plan differs from the dry run's"
                 del replan
                 gc.collect()
+                http_s, http_bytes = http_plan(db, planned, kept)
                 fetch_s = fetch_plan_rows(conn)
                 incremental_s, due = incremental_sweep(conn, factory, run_ids, now, rng)
                 used.update(due)
@@ -357,6 +419,8 @@ def main() -> None:
                     "full_plan_s": round(plan_s, 2),
                     "psycopg_fetch_s": round(fetch_s, 2),
                     "full_plan_over_fetch": round(plan_s / fetch_s, 2),
+                    "post_plan_http_s": round(http_s, 2),
+                    "post_plan_http_mb": round(http_bytes / 1e6, 1),
                     "full_replan_s": round(replan_s, 2),
                     "full_replan_over_fetch": round(replan_s / fetch_s, 2),
                     "incremental_sweep_s": round(incremental_s, 3),
