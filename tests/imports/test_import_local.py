@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
+from app.services.lifecycle import importer
 from tests.builders import assert_problem
 from tests.imports.trees import (
     Tree,
@@ -150,6 +153,38 @@ def test_layout_class_run_and_active_are_the_callers(
     run = client.get("/v1/runs", params={"project": "p"}).json()["items"][0]
     assert run["status"] == "active" and run["ended_at"] is None
     assert answer["unrecognized"] == 3  # hf's files under a generic-only import
+
+
+def test_a_large_import_is_evaluated_against_fresh_statistics(
+    app: FastAPI, client: TestClient, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an import has registered many checkpoints (here, with the threshold lowered,
+    three), PostgreSQL's statistics of the catalog are refreshed before the evaluation plans
+    its queries against them; an import below the threshold leaves them be."""
+    hot = data_dir / "hot"
+    write_local(hot / "small", generic_tree("a", [1, 2]))
+    write_local(hot / "large", generic_tree("b", [1, 2, 3]))
+    monkeypatch.setattr(importer, "ANALYZE_AFTER", 3)
+    engine = app.state.engine
+
+    def analyzed() -> datetime | None:
+        if engine.dialect.name != "postgresql":
+            return None
+        with engine.connect() as conn:
+            found: datetime | None = conn.execute(
+                text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'checkpoints'")
+            ).scalar_one()
+        return found
+
+    before = analyzed()
+    small = run_import(app, client, uri=f"file://{hot}/small", project="p")
+    assert small["state"] == "done" and small["registered"] == 2
+    assert analyzed() == before
+    large = run_import(app, client, uri=f"file://{hot}/large", project="p")
+    assert large["state"] == "done" and large["registered"] == 3
+    after = analyzed()
+    if engine.dialect.name == "postgresql":
+        assert after is not None and (before is None or after > before)
 
 
 def test_a_uri_under_no_tier_is_422_and_a_missing_tree_404(
