@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -89,9 +89,9 @@ class Incomplete:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A checkpoint found in the tree, ready to register."""
+class Candidate(NamedTuple):
+    """A checkpoint found in the tree, ready to register. A tuple: an import pickles a
+    hundred thousand of them from its listing process to the one registering them."""
 
     key: str  # relative to the import's uri: how it is reported
     run: str  # the run's name, normalised

@@ -8,9 +8,9 @@ missing object succeeds, writing an object again replaces it whole.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, BinaryIO, Literal, Protocol
+from types import MappingProxyType
+from typing import Any, BinaryIO, Literal, NamedTuple, Protocol
 
 # Checksum names comparable with a manifest ("sha256" hex, "crc32c" 8 and "crc64nvme" 16 hex
 # digits, each of the whole object) and provider fingerprints comparable between two objects
@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Literal, Protocol
 MANIFEST_CHECKSUMS = ("sha256", "crc32c", "crc64nvme")
 
 RestoreState = Literal["readable", "archived", "restoring"]
+NO_CHECKSUMS: Mapping[str, str] = MappingProxyType({})  # shared, and nobody's to fill
 
 
 class StorageError(Exception):
@@ -65,18 +66,21 @@ class ArchivedObject(StorageError):
     """The object sits in an archive class and must be restored before it can be read."""
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
+class ObjectInfo(NamedTuple):
+    """What a listing or a HEAD says of one object. A tuple: an import lists millions."""
+
     key: str  # relative to the listed prefix (list_prefix) or the tier (head), '/' separated
     size_bytes: int
     storage_class: str | None = None
-    checksums: Mapping[str, str] = field(default_factory=dict)
+    checksums: Mapping[str, str] = NO_CHECKSUMS
     modified: datetime | None = None  # last written, where a listing tells (reconciliation)
 
 
 def file_entry(path: str, info: ObjectInfo) -> dict[str, Any]:
     """A manifest entry of the object: its path in the checkpoint, its size, and the
     full-object checksums its provider reported."""
+    if not info.checksums:  # a directory's files (an import's million of them)
+        return {"path": path, "size_bytes": info.size_bytes}
     return {
         "path": path,
         "size_bytes": info.size_bytes,

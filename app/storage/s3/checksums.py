@@ -24,7 +24,6 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -122,7 +121,7 @@ def with_checksums(
         same = found.get("etag") == info.checksums.get("etag") and int(
             head.get("ContentLength", -1)
         ) == int(info.size_bytes)
-        return replace(info, checksums={**info.checksums, **found}) if same else info
+        return info._replace(checksums={**info.checksums, **found}) if same else info
 
     asked = (partial(completed, info) for info, entry in listed if worth_a_head(entry))
     answered = {info.key: info for info in calls._in_parallel(asked)}
