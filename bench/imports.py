@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,14 +44,13 @@ from bench.import_tree import (  # noqa: E402
 from bench.register import (  # noqa: E402
     CpuMeter,
     Server,
+    TieredServer,
     checkpoint_pg,
     create_database,
     drop_database,
     dsn,
-    free_port,
     git_describe,
     machine,
-    sqlalchemy_url,
 )
 
 BUCKET = "bench"
@@ -64,38 +61,11 @@ TARGET_RATE = 2000.0  # checkpoints/s
 TARGET_RATIO = 2.0  # import time / listing time
 
 
-class ImportServer(Server):
-    """`ckpt api` (one process: uvicorn's single worker runs in it) with a tiers file."""
-
-    def __init__(self, dbname: str, work: Path, tiers: list[dict[str, Any]], log: Path) -> None:
-        self.port = free_port()
-        self.admin = None  # auth off: the import's requests carry no token
-        # the default policy's tiers (nothing moves there: `ckpt api` runs no worker)
-        tiers = [
-            *({"name": name, "url": f"file://{work / 'data' / name}"} for name in DEFAULT_TIERS),
-            *tiers,
-        ]
-        (work / "tiers.yaml").write_text(yaml.safe_dump({"tiers": tiers}))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
-        env.update(
-            S3_ENV,
-            CKPT_DATABASE_URL=sqlalchemy_url(dbname),
-            CKPT_DATA_DIR=str(work / "data"),
-            CKPT_TIERS_FILE=str(work / "tiers.yaml"),
-            CKPT_AUTH="off",
-            CKPT_HOST="127.0.0.1",
-            CKPT_PORT=str(self.port),
-        )
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ckpt"), "api"],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+def import_server(dbname: str, work: Path, tiers: list[dict[str, Any]], log: Path) -> Server:
+    """`ckpt api` with the default policy's tiers (nothing moves there: `ckpt api` runs no
+    worker) and the tree's."""
+    defaults = [{"name": n, "url": f"file://{work / 'data' / n}"} for n in DEFAULT_TIERS]
+    return TieredServer(dbname, work, [*defaults, *tiers], log, env=S3_ENV)
 
 
 def run_import(
@@ -104,7 +74,7 @@ def run_import(
     """One import on a fresh database and a fresh server: time from POST to done, peak
     RSS, CPU of the server, PostgreSQL (and `extra_pid`, the S3 server), the checks."""
     dbname = create_database()
-    server = ImportServer(dbname, work, tiers, work / f"server-{dbname}.log")
+    server = import_server(dbname, work, tiers, work / f"server-{dbname}.log")
     try:
         server.wait_healthy()
         checkpoint_pg()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 from psycopg.types.json import Json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -441,6 +442,43 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class TieredServer(Server):
+    """`ckpt api` (one process, auth off) with a tiers file of `tiers`, logging to `log`;
+    `env` is added to its environment (an S3 server's credentials)."""
+
+    def __init__(
+        self,
+        dbname: str,
+        work: Path,
+        tiers: list[dict[str, Any]],
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.admin = None  # auth off: requests carry no token
+        (work / "tiers.yaml").write_text(yaml.safe_dump({"tiers": tiers}))
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_", "AWS_"))}
+        environ.update(
+            env or {},
+            CKPT_DATABASE_URL=sqlalchemy_url(dbname),
+            CKPT_DATA_DIR=str(work / "data"),
+            CKPT_TIERS_FILE=str(work / "tiers.yaml"),
+            CKPT_AUTH="off",
+            CKPT_HOST="127.0.0.1",
+            CKPT_PORT=str(self.port),
+        )
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "ckpt"), "api"],
+                cwd=ROOT,
+                env=environ,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
 
 def start_server(

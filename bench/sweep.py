@@ -32,7 +32,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ from app.services.catalog.due_runs import due_run_ids  # noqa: E402
 from app.services.catalog.policies import store_policy  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
 from app.services.lifecycle.sweep import run_sweep  # noqa: E402
-from bench.register import Server, free_port, sqlalchemy_url  # noqa: E402
+from bench.register import TieredServer  # noqa: E402
 
 PG_HOST = os.environ.get("CKPT_BENCH_PG_HOST", "127.0.0.1")
 ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
@@ -165,41 +164,14 @@ def load_runs(
     return ids
 
 
-class PlanServer(Server):
-    """`ckpt api` on the benchmark's database, with the benchmark's tier names."""
-
-    def __init__(self, db: str, work: Path) -> None:
-        self.port = free_port()
-        self.admin = None  # auth off
-        tiers = [{"name": t.name, "url": f"file://{work / t.name}"} for t in TIERS]
-        (work / "tiers.yaml").write_text(yaml.safe_dump({"tiers": tiers}))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
-        env.update(
-            CKPT_DATABASE_URL=sqlalchemy_url(db),
-            CKPT_DATA_DIR=str(work),
-            CKPT_TIERS_FILE=str(work / "tiers.yaml"),
-            CKPT_AUTH="off",
-            CKPT_HOST="127.0.0.1",
-            CKPT_PORT=str(self.port),
-        )
-        self.log = work / "server.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ckpt"), "api"],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-
 def http_plan(db: str, planned: int, kept: int) -> tuple[float, int]:
     """`POST /v1/plan` of the whole catalog through `ckpt api`, as `ckpt plan` asks it: from
     the request to the answer's last byte; the answer must hold the in-process plan's
     actions and kept checkpoints. Returns (seconds, bytes of the answer)."""
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-plan-") as tmp:
-        server = PlanServer(db, Path(tmp))
+        work = Path(tmp)
+        tiers = [{"name": t.name, "url": f"file://{work / t.name}"} for t in TIERS]
+        server = TieredServer(db, work, tiers, work / "server.log")
         try:
             server.wait_healthy()
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)

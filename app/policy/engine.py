@@ -194,16 +194,13 @@ def evaluate(
         waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""
         # "<rule>: <why>" once per distinct why: a million checkpoints share a handful of
         # reasons, as one string each (a keep clause's, an unmet condition's, a no-op's)
-        labelled: dict[str, str] = {}
-        unmet_said: dict[str, str] = {}
+        said = _Said(f"{rule.name}: ")
+        waits = _Said(f"{rule.name}: waiting, ")
         for c in members:
             kept_as = kept.get(c.id)
             if kept_as is not None:
                 if explain:
-                    label = labelled.get(kept_as)
-                    if label is None:
-                        label = labelled[kept_as] = f"{rule.name}: {kept_as}"
-                    reasons.setdefault(c.id, []).append(label)
+                    reasons.setdefault(c.id, []).append(said(kept_as))
                 continue
             if run_unmet is not None:
                 reasons.setdefault(c.id, []).append(waiting)
@@ -211,18 +208,12 @@ def evaluate(
             unmet = _checkpoint_unmet(rule, c, now)
             if unmet is not None:
                 if explain:
-                    label = unmet_said.get(unmet)
-                    if label is None:
-                        label = unmet_said[unmet] = f"{rule.name}: waiting, {unmet}"
-                    reasons.setdefault(c.id, []).append(label)
+                    reasons.setdefault(c.id, []).append(waits(unmet))
                 continue
             proposal = _proposal(rule, c, tier_ranks)
             if isinstance(proposal, str):
                 if explain:
-                    label = labelled.get(proposal)
-                    if label is None:
-                        label = labelled[proposal] = f"{rule.name}: {proposal}"
-                    reasons.setdefault(c.id, []).append(label)
+                    reasons.setdefault(c.id, []).append(said(proposal))
                 continue
             kind, target = proposal
             if kind != "copy" and is_protected(c.id):
@@ -265,11 +256,11 @@ def evaluate(
             continue
         if not chosen:  # the usual case: kept, and why is all the rules said
             protected_by = protection_of(c.id)
-            said = reasons.get(c.id)
+            given = reasons.get(c.id)
             if protected_by is not None:
-                because = (protected_by, *said) if said else (protected_by,)
+                because = (protected_by, *given) if given else (protected_by,)
             else:
-                because = tuple(said) if said else _NO_RULE
+                because = tuple(given) if given else _NO_RULE
             # most of a run's kept checkpoints stay for the same reasons: one tuple each
             because = alike.setdefault(because, because)
             kept_list.append(new_tuple(Kept, (c.id, c.step, because)))
@@ -279,6 +270,18 @@ def evaluate(
             why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
             kept_list.append(Kept(c.id, c.step, tuple(why_kept)))
     return Plan(actions=tuple(actions), kept=tuple(kept_list))
+
+
+class _Said(dict[str, str]):
+    """`prefix + why`, made once per distinct `why` and shared by every checkpoint it is
+    said of."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def __call__(self, why: str) -> str:
+        return self.get(why) or self.setdefault(why, self.prefix + why)
 
 
 def _describe(rule: Rule, kind: str, target: str | None) -> str:
