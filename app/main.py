@@ -35,6 +35,7 @@ from app.api.fast_registration import FastRegistration
 from app.api.openapi import document_inputs, document_policies, document_problems
 from app.api.schemas import CheckpointCreate
 from app.bootstrap import bootstrap_token, load_policies_into
+from app.db.event_loop_pool import open_event_loop_pool
 from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
 from app.settings import Settings, get_settings
@@ -88,10 +89,11 @@ def create_app(
     )
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         load_policies_into(factory, settings, tier_list)
         bootstrap_token(factory, settings)
         runtime.start()
+        app.state.event_loop_pool = await open_event_loop_pool(engine)
         # Everything built so far lives as long as the process: keep it out of the cyclic
         # collector's full passes, which otherwise stall requests for tens of milliseconds.
         gc.collect()
@@ -99,6 +101,9 @@ def create_app(
         # A request allocates a few thousand short-lived objects: collect young ones less often.
         gc.set_threshold(20_000, 20, 20)
         yield
+        if app.state.event_loop_pool is not None:
+            await app.state.event_loop_pool.pool.close()
+            app.state.event_loop_pool = None
         runtime.stop()
         storages.close()
         if owns_engine:
@@ -118,6 +123,7 @@ def create_app(
     app.state.session_factory = factory
     app.state.runtime = runtime
     app.state.storages = storages
+    app.state.event_loop_pool = None  # opened with the app's loop, for PostgreSQL
     errors.install(app)
     app.add_middleware(FastRegistration, state=app.state)
     routers = (

@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute
 
 from app.domain.access import ANONYMOUS, NOBODY, Principal, Scope
 from app.domain.errors import Forbidden, Unauthorized
-from app.services.catalog.tokens import ProjectOf, lookup_token
+from app.services.catalog.tokens import ProjectOf, TokenMatch, lookup_token
 
 log = logging.getLogger("app.auth")
 
@@ -242,8 +242,13 @@ def token_principal(
 ) -> Principal:
     """The principal of a live token allowed what `rule` asks, on `project` or else on the
     project of `reference`; one round trip. Blocking: call it from a worker thread."""
+    return allowed_principal(lookup_token(engine, secret, reference), rule, project)
+
+
+def allowed_principal(match: TokenMatch | None, rule: Rule, project: str | None) -> Principal:
+    """The principal of a token's lookup, if it may do what `rule` asks on `project` (or
+    else on the looked-up object's project); Unauthorized or Forbidden otherwise."""
     assert rule.scope is not None
-    match = lookup_token(engine, secret, reference)
     if match is None:
         raise Unauthorized("unknown or revoked token", invalid_token=True)
     principal = match.principal

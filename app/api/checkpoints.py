@@ -74,15 +74,8 @@ _REGISTRATION_BODY = {
 }
 
 
-def make_registration(
-    state: State, run_id: str, body: CheckpointCreate, actor: str
-) -> tuple[CheckpointRead, bool]:
-    """The registration in its own session, committed (or rolled back) here; blocking, for
-    a worker thread. (On PostgreSQL its insert runs on an autocommit connection of its own,
-    so this session's commit does no I/O.) Served by the route below and, for most
-    requests, by app.api.fast_registration."""
-    settings: Settings = state.settings
-    registration = Registration(
+def registration_of(body: CheckpointCreate) -> Registration:
+    return Registration(
         step=body.step,
         klass=body.class_,
         uri=body.uri,
@@ -93,6 +86,17 @@ def make_registration(
         created_at=body.created_at,
         committed=body.committed,
     )
+
+
+def make_registration(
+    state: State, run_id: str, body: CheckpointCreate, actor: str
+) -> tuple[CheckpointRead, bool]:
+    """The registration in its own session, committed (or rolled back) here; blocking, for
+    a worker thread. (On PostgreSQL its insert runs on an autocommit connection of its own,
+    so this session's commit does no I/O.) Served by the route below and, for most
+    requests, by app.api.fast_registration."""
+    settings: Settings = state.settings
+    registration = registration_of(body)
     with session_scope(state.session_factory) as session:
         checkpoint, created = register_or_take_back(
             session,

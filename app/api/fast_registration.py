@@ -4,9 +4,15 @@ job makes at every save, answered below Starlette's routing and FastAPI's depend
 A sampling profile of one api worker under 32 registering clients found the event loop's
 thread the bound, and most of its time in the machinery around the route (middleware,
 route matching, resolving the app-wide access check and query check as dependencies) and
-in two hand-offs to worker threads, one for the token's lookup and one for the insert.
-Here a registration that will succeed costs one hand-off: the token's lookup and the
-insert run in the same worker thread.
+in hand-offs to worker threads, forty of which then took turns at the interpreter lock
+around their queries. So on PostgreSQL a registration that sends its manifest stays on
+the event loop, with a connection of its own pool (app.db.event_loop_pool), and is one
+statement: the token is looked up the first time this process sees it, and after that the
+insert itself checks that it is still live and allowed on the run's project. Only the
+file-system checks of a local tier leave the loop, for a small pool of threads, so that a
+slow mount stalls registrations to it and not the whole service. On SQLite, and for a
+registration that leaves the listing to the service, the token's lookup and the insert
+share one worker thread.
 
 Only success is answered here. A request this path does not take (a query string, a body
 that is not JSON or not valid, no token) and one the service refuses (the token, the run,
@@ -17,22 +23,34 @@ one place for errors. A refused registration wrote nothing, so asking again is s
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import re
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
 
 import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 from starlette.datastructures import Headers, State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.auth import RULES, bearer, token_principal
-from app.api.checkpoints import make_registration
+from app.api.auth import RULES, allowed_principal, bearer, token_principal
+from app.api.checkpoints import make_registration, registration_of
+from app.api.convert import checkpoint_read
 from app.api.errors import json_media
 from app.api.schemas import CheckpointCreate, CheckpointRead
-from app.domain.access import ANONYMOUS
+from app.domain.access import ANONYMOUS, Principal
 from app.domain.errors import AppError
+from app.services.catalog.checkpoints import supplied_rows, written_checkpoint
+from app.services.catalog.registration import Caller, insert_checkpoint_async
+from app.services.catalog.tokens import TokenMatch, hash_secret, lookup_statement, token_match
 
 _PATH = re.compile(r"/v1/runs/([^/]+)/checkpoints")
 _RULE = RULES["POST", "/v1/runs/{run_id}/checkpoints"]
+_FILE_SYSTEM = ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration-files")
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -42,6 +60,7 @@ class FastRegistration:
     def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
         self.state = state
+        self.callers = KnownCallers()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = None
@@ -77,14 +96,71 @@ class FastRegistration:
             checkpoint = CheckpointCreate.model_validate_json(body)
         except ValidationError:
             return None
+        on_loop = self.state.event_loop_pool
+        pool = on_loop.here() if on_loop is not None else None
         try:
-            answer, created = await anyio.to_thread.run_sync(
-                _authorized_registration, self.state, run_id, checkpoint, secret
-            )
-        except AppError:
+            if pool is not None and checkpoint.files is not None:
+                made = await _registration_on_loop(
+                    self.state, pool, run_id, checkpoint, secret, self.callers
+                )
+                if made is None:
+                    return None
+                answer, created = made, True
+            else:
+                answer, created = await anyio.to_thread.run_sync(
+                    _authorized_registration, self.state, run_id, checkpoint, secret
+                )
+        except (AppError, psycopg.Error):
             return None
         self.state.runtime.request_evaluation(run_id)  # committed: evaluate the run
         return (201 if created else 200), answer.model_dump_json(by_alias=True).encode()
+
+
+async def _registration_on_loop(
+    state: State,
+    pool: AsyncConnectionPool[Any],
+    run_id: str,
+    checkpoint: CheckpointCreate,
+    secret: str | None,
+    callers: KnownCallers,
+) -> CheckpointRead | None:
+    """A new checkpoint with its manifest, on PostgreSQL, on the event loop: the insert on
+    one of its connections (after the token's lookup, the first time this process sees the
+    token), the file system (a local tier's uri and symlinks) in a worker thread. None
+    when the step is already registered or the token is refused: the route answers that
+    (the same content again, a reservation to commit or take back, 401 or 403)."""
+    async with pool.connection() as connection:
+        actor, caller = ANONYMOUS.actor, None
+        if secret is not None:
+            secret_hash = hash_secret(secret)
+            known = callers.get(secret_hash)
+            if known is None:
+                sql, params = lookup_statement(secret, ("run", run_id), pyformat=True)
+                found = await (await connection.execute(sql, params)).fetchone()
+                known = allowed_principal(token_match(found), _RULE, None)
+                callers.remember(secret_hash, known)
+            else:
+                allowed_principal(TokenMatch(known, None), _RULE, None)  # its scopes
+                assert known.token_id is not None
+                caller = Caller(known.token_id, known.projects)  # the rest: in the insert
+            actor = known.actor
+        rows = functools.partial(
+            supplied_rows,
+            state.tiers,
+            state.storages,
+            run_id,
+            registration_of(checkpoint),
+            actor=actor,
+            now=datetime.now(UTC),
+            reservation_ttl=state.settings.reservation_ttl,
+        )
+        if checkpoint.uri.startswith("file:"):
+            values, location = await asyncio.get_running_loop().run_in_executor(_FILE_SYSTEM, rows)
+        else:
+            values, location = rows()  # an object store's is checked without I/O
+        if not await insert_checkpoint_async(connection, values, location, caller):
+            return None
+    return checkpoint_read(written_checkpoint(values, location))
 
 
 def _authorized_registration(
@@ -96,6 +172,26 @@ def _authorized_registration(
     if secret is not None:
         actor = token_principal(state.engine, secret, _RULE, None, ("run", run_id)).actor
     return make_registration(state, run_id, checkpoint, actor)
+
+
+class KnownCallers:
+    """The tokens this process has looked up for a registration, by their secret's hash.
+    A token's scopes and projects never change, so the lookup is not made again; what can
+    change (its revocation, at once) and what differs by run (the run's project) the
+    insert checks in the same statement."""
+
+    LIMIT = 10_000  # tokens are few (jobs and people); forgotten all at once past this
+
+    def __init__(self) -> None:
+        self._known: dict[str, Principal] = {}
+
+    def get(self, secret_hash: str) -> Principal | None:
+        return self._known.get(secret_hash)
+
+    def remember(self, secret_hash: str, principal: Principal) -> None:
+        if len(self._known) >= self.LIMIT:
+            self._known.clear()
+        self._known[secret_hash] = principal
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -15,9 +15,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from tests.builders import (
     assert_problem,
+    audit_events,
     bearer,
     file_entries,
     issue_token,
@@ -72,6 +74,73 @@ def test_a_registration_answers_what_get_shows_then_200_when_sent_again(
     assert again.status_code == 200, again.text
     assert again.json() == created
     assert _steps(admin_client, run) == [1]
+
+
+def test_on_postgresql_a_new_registration_is_made_on_the_event_loop_with_its_audit_event(
+    auth_app: FastAPI,
+    auth_client: TestClient,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+    job_secret: str,
+) -> None:
+    """PostgreSQL's registrations use the loop's own connections (no worker thread for the
+    database); SQLite's stay in threads. Either way the checkpoint, its audit event and its
+    run's totals are written by the one statement."""
+    on_loop = auth_app.state.event_loop_pool
+    if auth_app.state.engine.dialect.name != "postgresql":
+        assert on_loop is None
+    path = f"/v1/runs/{run['id']}/checkpoints"
+    before = on_loop.pool.get_stats().get("requests_num", 0) if on_loop else 0
+    first = auth_client.post(path, json=_body(data_dir, run, 1), headers=bearer(job_secret))
+    assert first.status_code == 201, first.text
+    if on_loop is not None:
+        # one connection taken: the token's lookup and the insert
+        assert on_loop.pool.get_stats()["requests_num"] == before + 1
+    created = first.json()
+    trail = audit_events(admin_client, created["id"])
+    assert [e["event"] for e in trail] == ["registered"]
+    assert trail[0]["actor"] == created["created_by"]
+    assert trail[0]["after"]["size_bytes"] == created["size_bytes"]
+    with auth_app.state.engine.connect() as connection:
+        totals = connection.execute(
+            text("SELECT active_checkpoints, active_bytes FROM runs WHERE id = :id"),
+            {"id": run["id"]},
+        ).one()
+    assert tuple(totals) == (1, created["size_bytes"])
+
+
+def test_a_token_already_seen_is_checked_again_at_every_registration(
+    auth_app: FastAPI,
+    auth_client: TestClient,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+) -> None:
+    """The fast path looks a token up once per process and lets the insert check the
+    rest: a revoked token is refused at once, and one bounded to a project still cannot
+    register into another's run."""
+    token_id, secret = issue_token(auth_app, name="job", scopes=("register",), projects=("mine",))
+    path = f"/v1/runs/{run['id']}/checkpoints"
+    first = auth_client.post(path, json=_body(data_dir, run, 1), headers=bearer(secret))
+    assert first.status_code == 201, first.text
+
+    theirs = admin_client.post("/v1/runs", json={"project": "theirs", "name": "t"}).json()
+    other_path = f"/v1/runs/{theirs['id']}/checkpoints"
+    elsewhere = auth_client.post(
+        other_path, json=_body(data_dir, theirs, 1), headers=bearer(secret)
+    )
+    assert_problem(elsewhere, 403)
+    assert _steps(admin_client, theirs) == []
+
+    second = auth_client.post(path, json=_body(data_dir, run, 2), headers=bearer(secret))
+    assert second.status_code == 201, second.text
+    assert second.json()["created_by"] == first.json()["created_by"]
+
+    assert admin_client.delete(f"/v1/tokens/{token_id}").status_code == 204
+    revoked = auth_client.post(path, json=_body(data_dir, run, 3), headers=bearer(secret))
+    assert_problem(revoked, 401)
+    assert _steps(admin_client, run) == [1, 2]
 
 
 def test_a_body_sent_in_pieces_is_registered_whole(

@@ -15,10 +15,11 @@ from app.db.pagination import BadCursor, decode_cursor, encode_cursor
 from app.domain.errors import Conflict, Invalid
 from app.domain.ids import new_id
 from app.domain.states import CheckpointState
-from app.domain.tier import Tier, locate
+from app.domain.tier import Located, Tier, locate
 from app.services.catalog import audit
 from app.services.catalog.lookup import get_checkpoint
 from app.services.catalog.manifest import (
+    Manifest,
     check_supplied,
     list_manifest,
     normalise,
@@ -164,6 +165,48 @@ def _register(
             files, single_file = listed.files, listed.single_file
     elif reg.committed:
         single_file = check_supplied(located, files, storages)
+    values, location = new_rows(
+        run_id,
+        reg,
+        located,
+        files,
+        single_file,
+        actor=actor,
+        now=now,
+        reserved_until=reserved_until,
+    )
+    if not insert_checkpoint(session, values, location):
+        existing = _by_step(session, run_id, reg.step)
+        assert existing is not None  # the conflicting row is committed, or we would have waited
+        _check_same_content(existing, reg, located.uri, files)
+        return _settle_existing(
+            session, existing, reg, located, files, storages, actor, now, reserved_until
+        ), False
+    return written_checkpoint(values, location), True
+
+
+def written_checkpoint(values: dict[str, Any], location: dict[str, Any]) -> Checkpoint:
+    """The checkpoint as inserted: the answer, without a round trip to read it back."""
+    checkpoint = Checkpoint(**values)
+    checkpoint.locations = [Location(**location)]
+    return checkpoint
+
+
+Rows = tuple[dict[str, Any], dict[str, Any]]  # a new checkpoint's row and its location's
+
+
+def new_rows(
+    run_id: str,
+    reg: Registration,
+    located: Located,
+    files: Manifest | None,
+    single_file: bool,
+    *,
+    actor: str,
+    now: datetime,
+    reserved_until: datetime | None,
+) -> Rows:
+    """The rows a registration writes, as the insert takes them."""
     size = total_size(files, reg.size_bytes)
     values: dict[str, Any] = {
         "id": new_id("ckpt"),
@@ -193,17 +236,37 @@ def _register(
         "storage_class": located.tier.storage_class,
         "role": "primary",
     }
-    if not insert_checkpoint(session, values, location):
-        existing = _by_step(session, run_id, reg.step)
-        assert existing is not None  # the conflicting row is committed, or we would have waited
-        _check_same_content(existing, reg, located.uri, files)
-        return _settle_existing(
-            session, existing, reg, located, files, storages, actor, now, reserved_until
-        ), False
-    # Answer from what was written: no second round trip to read it back.
-    checkpoint = Checkpoint(**values)
-    checkpoint.locations = [Location(**location)]
-    return checkpoint, True
+    return values, location
+
+
+def supplied_rows(
+    tiers: list[Tier],
+    storages: StorageRegistry,
+    run_id: str,
+    reg: Registration,
+    *,
+    actor: str,
+    now: datetime,
+    reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
+) -> Rows:
+    """The rows of a registration that sent its manifest, checked as `register_checkpoint`
+    checks them (its uri located, its manifest against the tier), before any query: what
+    app.api.fast_registration inserts without a session. Raises Invalid."""
+    assert reg.files is not None
+    located = locate(reg.uri, tiers)
+    files = normalise(reg.files)
+    single_file = check_supplied(located, files, storages) if reg.committed else False
+    reserved_until = None if reg.committed else now + reservation_ttl
+    return new_rows(
+        run_id,
+        reg,
+        located,
+        files,
+        single_file,
+        actor=actor,
+        now=now,
+        reserved_until=reserved_until,
+    )
 
 
 def _settle_existing(

@@ -9,6 +9,7 @@ request's transaction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -52,7 +53,7 @@ _PG_INSERT = """
                CAST(%(registered_at)s AS TIMESTAMPTZ), CAST(%(committed_at)s AS TIMESTAMPTZ),
                CAST(%(created_by)s AS VARCHAR), CAST(%(updated_by)s AS VARCHAR),
                CAST(%(reserved_until)s AS TIMESTAMPTZ)
-        WHERE NOT EXISTS (SELECT 1 FROM o)
+        WHERE NOT EXISTS (SELECT 1 FROM o){guard}
         ON CONFLICT DO NOTHING
         RETURNING id, run_id, size_bytes, state
     ), l AS (
@@ -72,6 +73,16 @@ _PG_INSERT = """
     )
     SELECT (SELECT id FROM c), (SELECT checkpoint_id FROM o), (SELECT uri FROM o)
 """
+# A caller whose token the process has looked up before: still live, and allowed on the
+# run's project, checked by the insert itself (a token is revoked at once; its scopes and
+# projects never change), so such a registration is one round trip.
+_CALLER_GUARD = """
+          AND EXISTS (SELECT 1 FROM tokens t WHERE t.id = %(token_id)s AND t.revoked_at IS NULL)
+          AND EXISTS (SELECT 1 FROM runs r JOIN projects p ON p.id = r.project_id
+                      WHERE r.id = %(run_id)s
+                        AND (%(any_project)s OR p.name = ANY(%(projects)s)))"""
+_PG_INSERT_GUARDED = _PG_INSERT.replace("{guard}", _CALLER_GUARD)
+_PG_INSERT = _PG_INSERT.replace("{guard}", "")
 
 
 def _json(value: Any) -> str | None:
@@ -105,9 +116,9 @@ def insert_checkpoint(session: Session, values: dict[str, Any], location: dict[s
         raise NotFound(f"no run has id {values['run_id']!r}", field="run_id") from None
 
 
-def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+def _postgresql_params(values: dict[str, Any], location: dict[str, Any]) -> dict[str, Any]:
     event, after = _audit_event(values, location)
-    params = {
+    return {
         **values,
         "files": _json(values["files"]),
         "metrics": _json(values["metrics"]),
@@ -120,6 +131,10 @@ def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[
         "below_low": values["uri"].rstrip("/") + "/",
         "below_high": values["uri"].rstrip("/") + "0",
     }
+
+
+def _insert_postgresql(session: Session, values: dict[str, Any], location: dict[str, Any]) -> bool:
+    params = _postgresql_params(values, location)
     if session.in_transaction():
         # The request already holds a connection: use it (commit comes with the request)
         # rather than take a second one from the pool.
@@ -145,9 +160,47 @@ def _execute(driver: Any, params: dict[str, Any]) -> bool:
     try:
         with driver.cursor() as cursor:
             cursor.execute(_PG_INSERT, params)
-            inserted, other, other_uri = cursor.fetchone()
+            row = cursor.fetchone()
     except psycopg.errors.ForeignKeyViolation as error:
         raise IntegrityError(_PG_INSERT, params, error) from error
+    return _inserted(row, params)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A token the insert checks again: live, and allowed on the run's project."""
+
+    token_id: str
+    projects: frozenset[str] | None  # None: every project
+
+
+async def insert_checkpoint_async(
+    connection: psycopg.AsyncConnection[Any],
+    values: dict[str, Any],
+    location: dict[str, Any],
+    caller: Caller | None = None,
+) -> bool:
+    """`insert_checkpoint` on PostgreSQL, on an autocommit connection of the event loop
+    (app.api.fast_registration): the same statement, the same answers. With `caller`, it
+    inserts nothing (False) unless that token is live and allowed on the run's project."""
+    params = _postgresql_params(values, location)
+    sql = _PG_INSERT
+    if caller is not None:
+        sql = _PG_INSERT_GUARDED
+        params["token_id"] = caller.token_id
+        params["any_project"] = caller.projects is None
+        params["projects"] = sorted(caller.projects or ())
+    try:
+        cursor = await connection.execute(sql, params)
+        row = await cursor.fetchone()
+    except psycopg.errors.ForeignKeyViolation:
+        raise NotFound(f"no run has id {values['run_id']!r}", field="run_id") from None
+    return _inserted(row, params)
+
+
+def _inserted(row: Any, params: dict[str, Any]) -> bool:
+    """Whether the statement inserted; Conflict when the uri overlapped another's."""
+    inserted, other, other_uri = row
     if other is not None:
         found = Overlap(other, other_uri)
         raise Conflict(found.describe(params["uri"]), field="uri", checkpoint_id=other)

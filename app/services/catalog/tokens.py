@@ -267,38 +267,51 @@ def _json_list(value: Any) -> list[str]:
     return [str(item) for item in parsed]
 
 
+def lookup_statement(
+    secret: str, project_of: tuple[ProjectOf, str] | None, *, pyformat: bool
+) -> tuple[str, dict[str, Any]]:
+    """The lookup's SQL (`pyformat` for psycopg, else named) and its parameters."""
+    kind, ref = project_of if project_of is not None else (None, None)
+    if ref is not None and "\x00" in ref:  # no id holds one; PostgreSQL refuses it
+        kind, ref = None, None
+    return _SQL[kind, pyformat], {"hash": hash_secret(secret), "ref": ref}
+
+
+def token_match(row: Any) -> TokenMatch | None:
+    """What a lookup's row says: None for no row (an unknown or revoked token)."""
+    if row is None:
+        return None
+    token_id, name, scopes, projects, project = row
+    principal = token_principal(token_id, name, _json_list(scopes), _json_list(projects))
+    return TokenMatch(principal, project)
+
+
 def lookup_token(
     engine: Engine, secret: str, project_of: tuple[ProjectOf, str] | None = None
 ) -> TokenMatch | None:
     """The live token with this secret, or None; with `project_of` (kind, id), the name of
     that object's project as well. One round trip on a connection of its own, outside any
     transaction, so a registration's single-statement insert keeps its one round trip."""
-    kind, ref = project_of if project_of is not None else (None, None)
-    if ref is not None and "\x00" in ref:  # no id holds one; PostgreSQL refuses it
-        kind, ref = None, None
-    params = {"hash": hash_secret(secret), "ref": ref}
+    postgresql = on_postgresql(engine)
+    sql, params = lookup_statement(secret, project_of, pyformat=postgresql)
     raw = engine.raw_connection()
     try:
         driver: Any = raw.driver_connection
-        if on_postgresql(engine):
+        if postgresql:
             driver.autocommit = True
             try:
                 with driver.cursor() as cursor:
-                    cursor.execute(_SQL[kind, True], params)
+                    cursor.execute(sql, params)
                     row = cursor.fetchone()
             finally:
                 driver.autocommit = False
         else:
             cursor = driver.cursor()
             try:
-                cursor.execute(_SQL[kind, False], params)
+                cursor.execute(sql, params)
                 row = cursor.fetchone()
             finally:
                 cursor.close()
     finally:
         raw.close()
-    if row is None:
-        return None
-    token_id, name, scopes, projects, project = row
-    principal = token_principal(token_id, name, _json_list(scopes), _json_list(projects))
-    return TokenMatch(principal, project)
+    return token_match(row)
