@@ -40,6 +40,7 @@ from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
 from app.settings import Settings, get_settings
 from app.storage.bucket_settings import detect_all
+from app.storage.mounts import all_on_local_disks
 from app.storage.registry import StorageRegistry
 from app.tiers_config import load_tiers
 
@@ -124,6 +125,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.storages = storages
     app.state.event_loop_pool = None  # opened with the app's loop, for PostgreSQL
+    app.state.files_on_loop = all_on_local_disks([t.parsed.path for t in tier_list if t.is_local])
     errors.install(app)
     app.add_middleware(FastRegistration, state=app.state)
     routers = (

@@ -8,9 +8,11 @@ in hand-offs to worker threads, forty of which then took turns at the interprete
 around their queries. So on PostgreSQL a registration that sends its manifest stays on
 the event loop, with a connection of its own pool (app.db.event_loop_pool), and is one
 statement: the token is looked up the first time this process sees it, and after that the
-insert itself checks that it is still live and allowed on the run's project. Only the
-file-system checks of a local tier leave the loop, for a small pool of threads, so that a
-slow mount stalls registrations to it and not the whole service. On SQLite, and for a
+insert itself checks that it is still live and allowed on the run's project. A local
+tier's file-system checks run on the loop too when every local tier is on a disk of this
+machine (app.storage.mounts); on a network file system they go to a small pool of threads,
+so that a server that stalls stalls registrations to it and not the whole service. On
+SQLite, and for a
 registration that leaves the listing to the service, the token's lookup and the insert
 share one worker thread.
 
@@ -154,10 +156,10 @@ async def _registration_on_loop(
             now=datetime.now(UTC),
             reservation_ttl=state.settings.reservation_ttl,
         )
-        if checkpoint.uri.startswith("file:"):
+        if checkpoint.uri.startswith("file:") and not state.files_on_loop:
             values, location = await asyncio.get_running_loop().run_in_executor(_FILE_SYSTEM, rows)
-        else:
-            values, location = rows()  # an object store's is checked without I/O
+        else:  # an object store's is checked without I/O; a local disk's in microseconds
+            values, location = rows()
         if not await insert_checkpoint_async(connection, values, location, caller):
             return None
     return values, location

@@ -110,6 +110,27 @@ def test_on_postgresql_a_new_registration_is_made_on_the_event_loop_with_its_aud
     assert tuple(totals) == (1, created["size_bytes"])
 
 
+def test_a_tier_on_a_network_file_system_is_checked_in_a_thread_with_the_same_answer(
+    auth_app: FastAPI,
+    auth_client: TestClient,
+    admin_client: TestClient,
+    data_dir: Path,
+    run: dict[str, Any],
+    job_secret: str,
+) -> None:
+    """Where a local tier is on NFS or the like (app.storage.mounts), its checks leave the
+    event loop; the registration and its refusals are the same."""
+    auth_app.state.files_on_loop = False
+    path = f"/v1/runs/{run['id']}/checkpoints"
+    body = _body(data_dir, run, 5)
+    made = auth_client.post(path, json=body, headers=bearer(job_secret))
+    assert made.status_code == 201, made.text
+    assert made.json() == admin_client.get(f"/v1/checkpoints/{made.json()['id']}").json()
+    missing = {**_body(data_dir, run, 6), "uri": body["uri"] + "-not-there"}
+    assert_problem(auth_client.post(path, json=missing, headers=bearer(job_secret)), 422, "uri")
+    assert _steps(admin_client, run) == [5]
+
+
 def test_a_token_already_seen_is_checked_again_at_every_registration(
     auth_app: FastAPI,
     auth_client: TestClient,
