@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 from app.domain.tier import real_root
 from app.storage.base import (
+    NO_CHECKSUMS,
     ObjectInfo,
     ObjectMissing,
     PermanentError,
@@ -33,6 +34,15 @@ def _opened_path(fd: int, path: str) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return os.path.realpath(path)
+
+
+def _sorted_entries(directory: str) -> list[tuple[str, os.DirEntry[str]]]:
+    """A directory's entries in key order, each subdirectory named with a trailing `/`."""
+    with os.scandir(directory) as found:
+        return sorted(
+            (entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name, entry)
+            for entry in found
+        )
 
 
 def _same_file(reader: BinaryIO, checked: os.stat_result, key: str) -> BinaryIO:
@@ -94,31 +104,39 @@ class LocalStorage:
             yield from self._walk(str(base), "", start_after)
 
     def _walk(self, directory: str, relative: str, start_after: str | None) -> Iterator[ObjectInfo]:
-        """One directory in key order: a subdirectory sorts as its name and a `/`, so
-        `a.txt` comes before `a/x` as it does in a bucket's listing. A subdirectory is
-        skipped whole when every key under it lies at or before `start_after`."""
-        with os.scandir(directory) as found:
-            entries = sorted(
-                (entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name, entry)
-                for entry in found
-            )
-        for name, entry in entries:
-            key = relative + name
-            subdirectory = name.endswith("/")
-            within = subdirectory and start_after is not None and start_after.startswith(key)
-            if start_after is not None and key <= start_after and not within:
-                continue
-            if subdirectory:
-                yield from self._walk(entry.path, key, start_after if within else None)
-                continue
-            if entry.is_symlink():
-                if os.path.isdir(entry.path):
-                    raise UnsafePath(f"directory symlink {key!r} under this tier")
-                if not self._inside(entry.path):
-                    raise UnsafePath(f"{key!r} leads outside the tier")
-            status = entry.stat()
-            modified = datetime.fromtimestamp(status.st_mtime, UTC)
-            yield ObjectInfo(key=key, size_bytes=status.st_size, modified=modified)
+        """Every file under `directory` in key order: a subdirectory sorts as its name and
+        a `/`, so `a.txt` comes before `a/x` as it does in a bucket's listing. A
+        subdirectory is skipped whole when every key under it lies at or before
+        `start_after`. Depth first with a stack of its own rather than a generator per
+        directory: through nested generators each object of a tree six levels deep was
+        handed up six times (a third of an import's walk, at a million objects)."""
+        utc, info = UTC, ObjectInfo
+        fromtimestamp = datetime.fromtimestamp
+        frames = [(iter(_sorted_entries(directory)), relative, start_after)]
+        while frames:
+            entries, relative, after = frames[-1]
+            for name, entry in entries:
+                key = relative + name
+                if name[-1] == "/":  # a subdirectory
+                    within = after is not None and after.startswith(key)
+                    if after is not None and key <= after and not within:
+                        continue
+                    below = _sorted_entries(entry.path)
+                    frames.append((iter(below), key, after if within else None))
+                    break  # into it; this directory's iterator goes on once it is done
+                if after is not None and key <= after:
+                    continue
+                if entry.is_symlink():
+                    if os.path.isdir(entry.path):
+                        raise UnsafePath(f"directory symlink {key!r} under this tier")
+                    if not self._inside(entry.path):
+                        raise UnsafePath(f"{key!r} leads outside the tier")
+                status = entry.stat()
+                yield info(
+                    key, status.st_size, None, NO_CHECKSUMS, fromtimestamp(status.st_mtime, utc)
+                )
+            else:
+                frames.pop()
 
     def prefix_exists(self, prefix: str) -> bool:
         return self._path(prefix).is_dir()
