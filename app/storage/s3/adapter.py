@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 DEFAULT_CLASS = "STANDARD"
+# an empty, "." or ".." segment of a key: one search per listed object, not a split
+_UNSAFE_SEGMENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
 READ_BUFFER = 1 * MiB
 SINGLE_PUT_MAX = 200 * MiB  # a seekable source up to this goes in one streamed PutObject
 
@@ -140,7 +143,7 @@ class S3Storage(S3Multipart):
                 if not relative or (relative.endswith("/") and size == 0):
                     continue  # a console's "folder" marker, not a file
                 # Such keys are legal in S3 but would escape or alias on a file tier.
-                if any(part in ("", ".", "..") for part in relative.split("/")):
+                if _UNSAFE_SEGMENT.search(relative):
                     raise UnsafePath(f"{self._url(entry['Key'])} is no safe relative path")
                 etag = str(entry.get("ETag") or "").strip('"')
                 info = ObjectInfo(

@@ -24,10 +24,13 @@ from botocore.model import Shape, StructureShape
 from botocore.parsers import ResponseParserFactory, RestXMLParser
 from botocore.session import Session as BotocoreSession
 
+from app.storage.s3 import listing_contents
+
 Parse = Callable[[ElementTree.Element], Any]
 FAST_SHAPES = frozenset({"ListObjectsV2Output"})
 FAST_OPERATIONS = frozenset({"ListObjectsV2"})
 PARSED = "ckpt_parsed_root"  # where check_200 leaves the page it parsed, for the parser
+OBJECTS = "ckpt_listed_objects"  # and the page's objects, when read apart (listing_contents)
 
 
 class _Unsupported(Exception):
@@ -117,8 +120,18 @@ class ListingParser(RestXMLParser):
     ) -> None:
         parse = self._fast(shape) if shape.name in FAST_SHAPES else None
         root = response.pop(PARSED, None)
+        objects = response.pop(OBJECTS, None)  # read apart from the page's XML, if they were
         if parse is not None and (root is not None or response.get("body")):
             try:
+                if objects is not None:
+                    try:
+                        parsed = parse(root)
+                        timestamp = self._timestamp_parser  # type: ignore[attr-defined]
+                        parsed["Contents"] = listing_contents.entries(objects, timestamp)
+                        final_parsed.update(parsed)
+                        return
+                    except (_Unsupported, ValueError):
+                        root = None  # the page parsed whole, below
                 if root is None:
                     root = ElementTree.fromstring(response["body"])
                 final_parsed.update(parse(root))
@@ -152,8 +165,10 @@ def check_200(operation_model: Any, response_dict: dict[str, Any], **kwargs: Any
     body = response_dict.get("body")
     if response_dict.get("status_code") != 200 or not body:
         return
+    # the page's objects read by listing_contents, the rest of it (a few elements) parsed
+    apart = listing_contents.split(body)
     try:
-        root = ElementTree.fromstring(body)
+        root = ElementTree.fromstring(apart[0] if apart is not None else body)
     except ElementTree.ParseError:  # a page cut short: retried as a server error
         response_dict["status_code"] = 500
         return
@@ -161,6 +176,8 @@ def check_200(operation_model: Any, response_dict: dict[str, Any], **kwargs: Any
         response_dict["status_code"] = 500
         return
     response_dict[PARSED] = root
+    if apart is not None:
+        response_dict[OBJECTS] = apart[1]
 
 
 def install(session: BotocoreSession, timestamp_parser: Callable[[str], Any]) -> None:
