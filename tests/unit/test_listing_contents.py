@@ -147,6 +147,18 @@ def test_a_page_cut_short_is_still_a_server_error_to_retry() -> None:
     assert response["status_code"] == 500
 
 
+def test_a_control_character_xml_forbids_is_a_server_error_as_before() -> None:
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="x">'
+        b"<Contents><Key>a\x01b</Key><LastModified>2026-12-05T17:04:41.866Z</LastModified>"
+        b"<ETag>e</ETag><Size>1</Size></Contents></ListBucketResult>"
+    )
+    assert listing_contents.split(body) is None
+    response = {"body": body, "headers": {}, "status_code": 200}
+    check_200(OPERATION, response)
+    assert response["status_code"] == 500
+
+
 def test_an_unknown_entity_or_a_carriage_return_leaves_the_page_to_the_xml_parser() -> None:
     for text in (b"a&nbsp;b", b"a\rb", b"&#0;"):
         raw = (text, b"2026-12-05T17:04:41.866Z", b"e", b"", None, b"1", None)

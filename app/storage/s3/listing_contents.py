@@ -29,6 +29,8 @@ _ALGORITHM = re.compile(rb"<ChecksumAlgorithm>([^<]*)</ChecksumAlgorithm>")
 _PROLOG = re.compile(
     rb'\s*(?:<\?xml version="1\.0"(?: encoding="(?i:utf-8)")?\s*\?>\s*)?<ListBucketResult[\s>]'
 )
+# control characters XML does not allow: the XML parser refuses such a page, as before
+_NOT_XML = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _ENTITY = re.compile(rb"&(?:(amp|lt|gt|quot|apos)|#([0-9]+)|#x([0-9a-fA-F]+));")
 _NAMED = {b"amp": "&", b"lt": "<", b"gt": ">", b"quot": '"', b"apos": "'"}
 
@@ -39,7 +41,7 @@ def split(body: bytes) -> tuple[bytes, list[Raw]] | None:
     """(the page without its objects, each object's texts), or None when any object
     does not match: the page is then parsed whole."""
     expected = body.count(b"<Contents>")
-    if not expected or not _PROLOG.match(body):
+    if not expected or not _PROLOG.match(body) or _NOT_XML.search(body):
         return None
     rest: list[bytes] = []
     found: list[Raw] = []
