@@ -87,6 +87,7 @@ def create_app(
         evaluator=roles.evaluator,
         storages=storages,
         import_lease=settings.import_lease,
+        reservation_ttl=settings.reservation_ttl,
     )
 
     @asynccontextmanager

@@ -47,6 +47,8 @@ def _runtime(ctx: Catalog, *, worker: bool, scheduler: bool, evaluator: bool) ->
         scheduler=scheduler,
         evaluator=evaluator,
         storages=ctx.storages,
+        import_lease=ctx.settings.import_lease,
+        reservation_ttl=ctx.settings.reservation_ttl,
     )
 
 

@@ -140,8 +140,16 @@ def test_a_pinned_reservation_is_never_abandoned(
     assert fetch_checkpoint(client, reserved["id"])["state"] == "writing"
 
 
+@pytest.mark.parametrize(
+    ("reservation_ttl", "period"),
+    [
+        (timedelta(minutes=30), ABANDONMENT_PERIOD),  # the default TTL: every 30 s
+        (timedelta(seconds=8), timedelta(seconds=2)),  # a short TTL is checked sooner
+        (timedelta(seconds=1), timedelta(seconds=1)),  # but never more than once a second
+    ],
+)
 def test_the_scheduler_checks_for_abandoned_reservations_at_least_every_minute(
-    app: FastAPI, client: TestClient
+    app: FastAPI, client: TestClient, reservation_ttl: timedelta, period: timedelta
 ) -> None:
     assert timedelta(minutes=1) >= ABANDONMENT_PERIOD
     runtime = Runtime(
@@ -152,15 +160,34 @@ def test_the_scheduler_checks_for_abandoned_reservations_at_least_every_minute(
         worker=False,
         evaluator=False,
         scheduler=True,
+        reservation_ttl=reservation_ttl,
     )
     runtime.start()
     try:
         assert runtime._scheduler is not None
         job = runtime._scheduler.get_job("abandon")
         assert job is not None
-        assert job.trigger.interval <= timedelta(minutes=1)
+        assert job.trigger.interval == period
     finally:
         runtime.stop()
+
+
+def test_a_scheduler_replica_takes_its_ttl_and_import_lease_from_the_settings(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ckpt scheduler` and `ckpt worker` build their runtime from the same variables as
+    `ckpt serve`: a replica that looked for lapsed reservations or imports by the defaults
+    would take over a live import, or free a step late."""
+    from app.cli.common import Catalog
+    from app.cli.roles import _runtime
+
+    settings = Settings(reservation_ttl=timedelta(seconds=12), import_lease=timedelta(seconds=9))
+    catalog = Catalog(settings, app.state.session_factory, app.state.tiers)
+    monkeypatch.setattr("app.cli.roles.configure_logging", lambda *a, **k: None)
+    runtime = _runtime(catalog, worker=False, scheduler=True, evaluator=False)
+
+    assert runtime.abandonment_period == timedelta(seconds=3)
+    assert runtime.imports.lease == timedelta(seconds=9)
 
 
 # --- a commit and the scheduler at the same moment ---------------------------------------------
