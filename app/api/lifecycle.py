@@ -30,7 +30,7 @@ from app.api.lifecycle_schemas import (
     SweepRead,
     SweepRequest,
 )
-from app.api.plan_json import plan_document
+from app.api.plan_json import plan_response
 from app.api.schemas import CheckpointRead, Page
 from app.db.models import Action, Checkpoint
 from app.domain.tier import Tier
@@ -108,17 +108,19 @@ def plan(
     catalog's is a million entries."""
     project, run_id = runs.resolve_scope(session, project=body.project, run_id=body.run_id)
     what_if = _what_if(session, tiers, body.policy)
-    result = plan_catalog(
-        session,
-        tiers=tiers,
-        now=now,
-        project=project,
-        run_id=run_id,
-        policy=what_if,
-        projects=principal.projects,
-        trash_retention=settings.trash_retention,
+    return plan_response(
+        lambda: plan_catalog(
+            session,
+            tiers=tiers,
+            now=now,
+            project=project,
+            run_id=run_id,
+            policy=what_if,
+            projects=principal.projects,
+            trash_retention=settings.trash_retention,
+            keep_read=True,
+        )
     )
-    return StreamingResponse(plan_document(result), media_type="application/json")
 
 
 @router.post("/v1/sweeps", status_code=status.HTTP_202_ACCEPTED)

@@ -8,20 +8,55 @@ as they are encoded, it costs a fraction of the plan and holds one piece at a ti
 
 The document is the one `PlanRead` describes (the route keeps it as its response model,
 for the OpenAPI document), field for field and in its order.
+
+The cyclic collector stays paused from the plan's start until the answer is sent, and
+the plan (with the snapshots it read) is freed only then. Turned back on with a million
+entries alive, the collector visited them all at its next pass, and again as they aged
+into older generations, while the answer was being encoded: about a fifth of the answer's
+time after the plan; freeing them took most of a second more before the last byte.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import orjson
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from app.domain.plan import Kept, Skipped
 from app.services.lifecycle.planning import CatalogPlan, PlanItem
+from app.services.lifecycle.snapshot import pause_gc
 
 PIECE = 5000  # entries per encoded piece
 T = TypeVar("T")
+
+
+def plan_response(make_plan: Callable[[], CatalogPlan]) -> StreamingResponse:
+    """The answer of the plan `make_plan` makes (asked to keep what it read), streamed;
+    the collector is paused throughout and the plan freed after the last byte."""
+    release = pause_gc()
+    try:
+        held = [make_plan()]
+    except BaseException:
+        release()
+        raise
+
+    def document() -> Iterator[bytes]:
+        yield from plan_document(held[0])
+
+    body = document()
+    # however the answer ends (the client gone, or never sent at all), the collector comes
+    # back when the answer is dropped; sent whole, `after` lets go first
+    weakref.finalize(body, release)
+
+    def after() -> None:  # once the answer is sent
+        held.clear()
+        release()
+
+    return StreamingResponse(body, media_type="application/json", background=BackgroundTask(after))
 
 
 def plan_document(plan: CatalogPlan) -> Iterator[bytes]:

@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from sqlalchemy import func, select
 from app.api import plan_json
 from app.api.lifecycle_schemas import PlanRead
 from app.db.models import Action, Sweep
+from app.services.lifecycle.planning import CatalogPlan
 from tests.builders import (
     ago,
     assert_problem,
@@ -143,6 +145,24 @@ def test_the_answer_is_the_documented_one_whatever_the_size_of_its_pieces(
     assert pieces == whole
     assert len(whole["actions"]) == 4 and len(whole["kept"]) == 6
     assert PlanRead.model_validate(whole).model_dump(mode="json") == whole
+
+
+def test_the_collector_runs_again_once_the_answer_is_sent_or_dropped(
+    client: TestClient, catalog: Catalog
+) -> None:
+    """The cyclic collector is paused from the plan's start to the answer's last byte (a
+    million entries alive would make every pass visit them all): it must come back after
+    a plan answered, after one refused, and after an answer that was never sent."""
+    assert gc.isenabled()
+    assert len(plan(client)["kept"]) == 6
+    assert gc.isenabled()
+    assert client.post("/v1/plan", json={"run_id": "nope"}).status_code == 404
+    assert gc.isenabled()
+
+    unsent = plan_json.plan_response(lambda: CatalogPlan())
+    assert not gc.isenabled()
+    del unsent  # the client went away before the first byte
+    assert gc.isenabled()
 
 
 def test_plan_writes_nothing(

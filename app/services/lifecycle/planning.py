@@ -83,6 +83,9 @@ class CatalogPlan:
     next_due: list[tuple[str, datetime | None, datetime | None]] = field(default_factory=list)
     # the shadow policies' new would-be actions, when asked (a sweep's)
     shadow: list[ShadowPlanned] = field(default_factory=list)
+    # what the plan read, when asked to keep it: a caller that answers before it lets go
+    # of the plan frees both after (a million snapshots take most of a second to free)
+    read: Scope | None = None
 
     def fees_usd(self) -> float:
         """The one-off charges of every planned action whose cost was computed."""
@@ -151,6 +154,7 @@ def plan_catalog(
     run_ids: Collection[str] | None = None,
     due: bool = False,
     shadows: bool = False,
+    keep_read: bool = False,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
     `projects` (a bounded caller's) narrows the whole catalog to those projects. Explained,
@@ -161,6 +165,7 @@ def plan_catalog(
     `shadows` (a sweep's), the plan also holds the new would-be actions of the shadow
     policies (`shadow`, app.services.lifecycle.shadow), and a run is next due when its
     governing policy's plan or a shadow policy's can change; a what-if `policy` has none.
+    With `keep_read`, the plan holds what it read (`read`), freed with it.
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -178,6 +183,7 @@ def plan_catalog(
             run_ids=run_ids,
             due=due,
             shadows=shadows,
+            keep_read=keep_read,
         )
 
 
@@ -195,6 +201,7 @@ def _plan(
     run_ids: Collection[str] | None,
     due: bool,
     shadows: bool,
+    keep_read: bool,
 ) -> CatalogPlan:
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
@@ -221,7 +228,7 @@ def _plan(
     ranks = {t.name: t.rank for t in tiers}
     prices = {t.name: effective_price(t) for t in tiers}
     billed = {t.name: t.provider.billed_after_delete for t in tiers}
-    plan = CatalogPlan(skipped=purges_waiting)
+    plan = CatalogPlan(skipped=purges_waiting, read=scope if keep_read else None)
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
     costs: dict[WorkKey, ActionCost] = {}
     changes: dict[WorkKey, tuple[tuple[str, float], ...]] = {}

@@ -7,8 +7,9 @@ the session's connection and builds the snapshots straight from the rows.
 from __future__ import annotations
 
 import gc
+import threading
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,17 +42,57 @@ def ranked_by(policies: Iterable[Policy]) -> set[str]:
     return {r.keep_best.metric for p in policies for r in p.rules if r.keep_best is not None}
 
 
+class _CollectorPause:
+    """The cyclic collector off while any caller holds a pause, back as it was when the last
+    lets go: concurrent plans (threads of one process) each pause it, and the first to
+    finish must not turn it on under the others."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._was_enabled = False
+
+    def hold(self) -> Callable[[], None]:
+        """Pause it; returns the release, which only its first call performs."""
+        with self._lock:
+            if self._holders == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._holders += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._holders -= 1
+                if self._holders == 0 and self._was_enabled:
+                    gc.enable()
+
+        return release
+
+
+_COLLECTOR = _CollectorPause()
+
+
+def pause_gc() -> Callable[[], None]:
+    """A full plan allocates millions of long-lived objects; the cyclic collector would
+    rescan them all again and again while they are built, and once more each time it runs
+    while they live. Nothing a plan builds makes cycles: they are freed by reference
+    counting. Call the returned function to let the collector run again."""
+    return _COLLECTOR.hold()
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """A full plan allocates millions of long-lived objects; the cyclic collector would
-    rescan them all again and again while they are built. Nothing here makes cycles."""
-    enabled = gc.isenabled()
-    gc.disable()
+    """`pause_gc` for a block."""
+    release = pause_gc()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        release()
 
 
 def restrict(
