@@ -40,11 +40,22 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _quarter(of: timedelta, at_most: timedelta) -> timedelta:
+    """A periodic check a quarter of the delay it enforces, between one second (each check
+    is one indexed query) and `at_most`: a short delay is kept about as promptly as it
+    promises, without a long one costing a query a second."""
+    return min(at_most, max(timedelta(seconds=1), of / 4))
+
+
 def abandonment_period(reservation_ttl: timedelta) -> timedelta:
-    """How often the scheduler looks for lapsed reservations: a quarter of their TTL, so a
-    hung save's step is freed about as promptly as the TTL promises, between one second
-    (the check is one indexed query) and ABANDONMENT_PERIOD."""
-    return min(ABANDONMENT_PERIOD, max(timedelta(seconds=1), reservation_ttl / 4))
+    """How often the scheduler looks for lapsed reservations."""
+    return _quarter(reservation_ttl, ABANDONMENT_PERIOD)
+
+
+def purge_period(trash_retention: timedelta) -> timedelta:
+    """How often the scheduler looks for trash whose retention is over (`0s`: deleted
+    checkpoints are purged within a second or so, not up to 30 s later)."""
+    return _quarter(trash_retention, PURGE_PERIOD)
 
 
 class Runtime:
@@ -71,6 +82,7 @@ class Runtime:
         self.trash_retention = trash_retention
         self.reconcile_interval = reconcile_interval
         self.abandonment_period = abandonment_period(reservation_ttl)
+        self.purge_period = purge_period(trash_retention)
         self.executor = Worker(
             factory, tiers, trash_retention=trash_retention, storages=self.storages
         )
@@ -108,7 +120,7 @@ class Runtime:
             scheduler.add_job(
                 self.purge,
                 "interval",
-                seconds=PURGE_PERIOD.total_seconds(),
+                seconds=self.purge_period.total_seconds(),
                 id="purge",
                 max_instances=1,
                 coalesce=True,

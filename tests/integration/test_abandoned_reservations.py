@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 from app.db.models import Checkpoint
 from app.db.session import session_scope
 from app.domain.errors import Conflict
-from app.scheduler.runtime import ABANDONMENT_PERIOD, Runtime
+from app.scheduler.runtime import ABANDONMENT_PERIOD, PURGE_PERIOD, Runtime
 from app.services.catalog import reservations
 from app.settings import Settings
 from tests.builders import (
@@ -188,6 +188,36 @@ def test_a_scheduler_replica_takes_its_ttl_and_import_lease_from_the_settings(
 
     assert runtime.abandonment_period == timedelta(seconds=3)
     assert runtime.imports.lease == timedelta(seconds=9)
+
+
+@pytest.mark.parametrize(
+    ("retention", "period"),
+    [
+        (timedelta(days=7), PURGE_PERIOD),  # the default retention: every 30 s
+        (timedelta(seconds=20), timedelta(seconds=5)),
+        (timedelta(0), timedelta(seconds=1)),  # deletes purged within a second or so
+    ],
+)
+def test_the_scheduler_looks_for_due_purges_a_quarter_of_the_retention_at_most_every_30_s(
+    app: FastAPI, retention: timedelta, period: timedelta
+) -> None:
+    runtime = Runtime(
+        app.state.session_factory,
+        app.state.tiers,
+        sweep_interval=timedelta(hours=1),
+        trash_retention=retention,
+        worker=False,
+        evaluator=False,
+        scheduler=True,
+    )
+    runtime.start()
+    try:
+        assert runtime._scheduler is not None
+        job = runtime._scheduler.get_job("purge")
+        assert job is not None
+        assert job.trigger.interval == period
+    finally:
+        runtime.stop()
 
 
 # --- a commit and the scheduler at the same moment ---------------------------------------------
