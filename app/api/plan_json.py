@@ -11,9 +11,10 @@ for the OpenAPI document), field for field and in its order.
 
 The cyclic collector stays paused from the plan's start until the answer is sent, and
 the plan (with the snapshots it read) is freed only then. Turned back on with a million
-entries alive, the collector visited them all at its next pass, and again as they aged
-into older generations, while the answer was being encoded: about a fifth of the answer's
-time after the plan; freeing them took most of a second more before the last byte.
+entries alive, the collector visited them all at its next passes while the answer was
+being encoded, and freeing the snapshots and the plan (about 0.6 s each at a million)
+came before the last byte: at 1M the answer's time past the plan fell from 2.4 s to
+1.4-1.8 s.
 """
 
 from __future__ import annotations
