@@ -21,6 +21,7 @@ from app.db.session import session_scope
 from app.domain.errors import Conflict
 from app.scheduler.runtime import ABANDONMENT_PERIOD, PURGE_PERIOD, Runtime
 from app.services.catalog import reservations
+from app.services.catalog.checkpoints import DEFAULT_RESERVATION_TTL
 from app.settings import Settings
 from tests.builders import (
     assert_problem,
@@ -140,6 +141,35 @@ def test_a_pinned_reservation_is_never_abandoned(
     assert fetch_checkpoint(client, reserved["id"])["state"] == "writing"
 
 
+def scheduled_every(
+    app: FastAPI,
+    job_id: str,
+    *,
+    trash_retention: timedelta = WEEK,
+    reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
+) -> timedelta:
+    """The interval of the scheduler's job `job_id` in a runtime started with these."""
+    runtime = Runtime(
+        app.state.session_factory,
+        app.state.tiers,
+        sweep_interval=timedelta(hours=1),
+        trash_retention=trash_retention,
+        reservation_ttl=reservation_ttl,
+        worker=False,
+        evaluator=False,
+        scheduler=True,
+    )
+    runtime.start()
+    try:
+        assert runtime._scheduler is not None
+        job = runtime._scheduler.get_job(job_id)
+        assert job is not None
+        interval: timedelta = job.trigger.interval
+        return interval
+    finally:
+        runtime.stop()
+
+
 @pytest.mark.parametrize(
     ("reservation_ttl", "period"),
     [
@@ -152,24 +182,21 @@ def test_the_scheduler_checks_for_abandoned_reservations_at_least_every_minute(
     app: FastAPI, client: TestClient, reservation_ttl: timedelta, period: timedelta
 ) -> None:
     assert timedelta(minutes=1) >= ABANDONMENT_PERIOD
-    runtime = Runtime(
-        app.state.session_factory,
-        app.state.tiers,
-        sweep_interval=timedelta(hours=1),
-        trash_retention=WEEK,
-        worker=False,
-        evaluator=False,
-        scheduler=True,
-        reservation_ttl=reservation_ttl,
-    )
-    runtime.start()
-    try:
-        assert runtime._scheduler is not None
-        job = runtime._scheduler.get_job("abandon")
-        assert job is not None
-        assert job.trigger.interval == period
-    finally:
-        runtime.stop()
+    assert scheduled_every(app, "abandon", reservation_ttl=reservation_ttl) == period
+
+
+@pytest.mark.parametrize(
+    ("retention", "period"),
+    [
+        (timedelta(days=7), PURGE_PERIOD),  # the default retention: every 30 s
+        (timedelta(seconds=20), timedelta(seconds=5)),
+        (timedelta(0), timedelta(seconds=1)),  # deletes purged within a second or so
+    ],
+)
+def test_the_scheduler_looks_for_due_purges_a_quarter_of_the_retention_at_most_every_30_s(
+    app: FastAPI, retention: timedelta, period: timedelta
+) -> None:
+    assert scheduled_every(app, "purge", trash_retention=retention) == period
 
 
 def test_a_scheduler_replica_takes_its_ttl_and_import_lease_from_the_settings(
@@ -188,36 +215,6 @@ def test_a_scheduler_replica_takes_its_ttl_and_import_lease_from_the_settings(
 
     assert runtime.abandonment_period == timedelta(seconds=3)
     assert runtime.imports.lease == timedelta(seconds=9)
-
-
-@pytest.mark.parametrize(
-    ("retention", "period"),
-    [
-        (timedelta(days=7), PURGE_PERIOD),  # the default retention: every 30 s
-        (timedelta(seconds=20), timedelta(seconds=5)),
-        (timedelta(0), timedelta(seconds=1)),  # deletes purged within a second or so
-    ],
-)
-def test_the_scheduler_looks_for_due_purges_a_quarter_of_the_retention_at_most_every_30_s(
-    app: FastAPI, retention: timedelta, period: timedelta
-) -> None:
-    runtime = Runtime(
-        app.state.session_factory,
-        app.state.tiers,
-        sweep_interval=timedelta(hours=1),
-        trash_retention=retention,
-        worker=False,
-        evaluator=False,
-        scheduler=True,
-    )
-    runtime.start()
-    try:
-        assert runtime._scheduler is not None
-        job = runtime._scheduler.get_job("purge")
-        assert job is not None
-        assert job.trigger.interval == period
-    finally:
-        runtime.stop()
 
 
 # --- a commit and the scheduler at the same moment ---------------------------------------------
