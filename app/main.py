@@ -38,6 +38,7 @@ from app.bootstrap import bootstrap_token, load_policies_into
 from app.db.event_loop_pool import open_event_loop_pool
 from app.db.session import make_engine, make_session_factory
 from app.scheduler.runtime import Runtime
+from app.services.lifecycle import plan_helpers
 from app.settings import Settings, get_settings
 from app.storage.bucket_settings import detect_all
 from app.storage.mounts import all_on_local_disks
@@ -94,6 +95,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         load_policies_into(factory, settings, tier_list)
         bootstrap_token(factory, settings)
+        plan_helpers.configure(settings.plan_processes)
+        with factory() as session:  # a large catalog's first plan finds them started
+            plan_helpers.warm(session, wait=plan_helpers.WARM_WAIT_S)
         runtime.start()
         app.state.event_loop_pool = await open_event_loop_pool(engine)
         # Everything built so far lives as long as the process: keep it out of the cyclic
@@ -107,6 +111,7 @@ def create_app(
             await app.state.event_loop_pool.pool.close()
             app.state.event_loop_pool = None
         runtime.stop()
+        plan_helpers.shutdown()
         storages.close()
         if owns_engine:
             engine.dispose()

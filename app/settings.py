@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, SecretStr, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.domain.duration import parse_duration
 
 ENV_PREFIX = "CKPT_"
 MIN_BOOTSTRAP_TOKEN_LENGTH = 16
+MAX_PLAN_PROCESSES = 64
 
 
 def _duration(value: object) -> object:
@@ -52,6 +54,9 @@ class Settings(BaseSettings):
     # how long a running import's claim holds without a renewal: a process that died
     # mid-import is replaced this long after its last batch (DESIGN section 14)
     import_lease: Duration = timedelta(seconds=30)
+    # how many processes (the service's own included) evaluate a plan of 200,000 active
+    # checkpoints or more, each a range of runs, on PostgreSQL; 1: one process plans alone
+    plan_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4))
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"
@@ -81,6 +86,11 @@ class Settings(BaseSettings):
             raise ValueError("CKPT_RESERVATION_TTL must be longer than 0s")
         if self.reconcile_interval < timedelta(0):
             raise ValueError("CKPT_RECONCILE_INTERVAL must be 0s (off) or longer")
+        if not 1 <= self.plan_processes <= MAX_PLAN_PROCESSES:
+            raise ValueError(
+                f"CKPT_PLAN_PROCESSES must be between 1 and {MAX_PLAN_PROCESSES} "
+                f"(got {self.plan_processes})"
+            )
         if not 0 < self.port < 65536:
             raise ValueError(f"CKPT_PORT must be between 1 and 65535 (got {self.port})")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:

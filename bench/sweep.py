@@ -17,6 +17,10 @@ checkpoints (100 per run, so 1,000 / 3,000 / 10,000 runs), and at each size time
 
     .venv/bin/python bench/sweep.py            # or: make bench-sweep
 
+Plans of the whole catalog are split across processes as the service splits them
+(CKPT_PLAN_PROCESSES, `--plan-processes`; 1 for one process alone), its helpers started
+and ready before the first is timed, as a service starting on a large catalog has them.
+
 Catalog shape per run: 80% of runs are active (3 rolling + 97 milestones), 20% ended
 40 days ago (3 rolling + 96 milestones + 1 final), so the plan has real work: thinning,
 cooling and archiving the ended runs, nothing for the active ones but keeps.
@@ -52,13 +56,16 @@ from app.domain.tier import Tier  # noqa: E402
 from app.policy.loading import validate_policy  # noqa: E402
 from app.services.catalog.due_runs import due_run_ids  # noqa: E402
 from app.services.catalog.policies import store_policy  # noqa: E402
+from app.services.lifecycle import plan_helpers  # noqa: E402
 from app.services.lifecycle.planning import plan_catalog  # noqa: E402
 from app.services.lifecycle.sweep import run_sweep  # noqa: E402
+from app.settings import Settings  # noqa: E402
 from bench.register import TieredServer  # noqa: E402
 
 PG_HOST = os.environ.get("CKPT_BENCH_PG_HOST", "127.0.0.1")
 ADMIN_DSN = f"host={PG_HOST} port=5432 user=postgres dbname=postgres"
 PER_RUN = 100
+SIZE = 10**12  # bytes of each checkpoint
 JSON = {"Content-Type": "application/json"}
 TIERS = [
     Tier(name=n, url=f"file:///srv/ckpt/{n}", rank=i)
@@ -94,6 +101,8 @@ def load_runs(
                 None,
                 started,
                 now - timedelta(days=40) if ended else None,
+                PER_RUN,  # the run's totals, as registrations keep them
+                PER_RUN * SIZE,
             )
         )
         ids.append(run_id)
@@ -114,7 +123,7 @@ def load_runs(
                     klass,
                     "active",
                     uri,
-                    10**12,
+                    SIZE,
                     metrics,
                     "{}",
                     False,
@@ -137,6 +146,8 @@ def load_runs(
             "resumed_from",
             "started_at",
             "ended_at",
+            "active_checkpoints",
+            "active_bytes",
         ],
         run_rows,
     )
@@ -325,6 +336,13 @@ def main() -> None:
         help="catalog sizes in active checkpoints, ascending",
     )
     parser.add_argument("--samples", type=int, default=50, help="single-run evaluations per size")
+    parser.add_argument(
+        "--plan-processes",
+        type=int,
+        default=Settings().plan_processes,
+        help="processes a large plan is split across, as CKPT_PLAN_PROCESSES (the service's "
+        "default: the cores, at most 4)",
+    )
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -344,6 +362,8 @@ def main() -> None:
         with factory() as session:
             store_policy(session, policy, source="bench", now=now)
             session.commit()
+        # as the service does at start: the plan's helper processes, started and ready
+        plan_helpers.configure(args.plan_processes)
         rng = random.Random(7)
         run_ids: list[str] = []
         used: set[str] = set()  # runs evaluated by a sweep or a sample already
@@ -358,6 +378,8 @@ def main() -> None:
                 conn.execute("ANALYZE")
                 conn.commit()
                 load_s = time.perf_counter() - t0
+                with factory() as session:
+                    helpers = plan_helpers.warm(session, wait=60)
                 with factory() as session:
                     t0 = time.perf_counter()
                     plan = plan_catalog(session, tiers=TIERS, now=now)
@@ -388,6 +410,7 @@ def main() -> None:
                     "checkpoints": size,
                     "runs": len(run_ids),
                     "load_s": round(load_s, 1),
+                    "plan_processes": 1 + helpers,
                     "full_plan_s": round(plan_s, 2),
                     "psycopg_fetch_s": round(fetch_s, 2),
                     "full_plan_over_fetch": round(plan_s / fetch_s, 2),
@@ -406,6 +429,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
         engine.dispose()
     finally:
+        plan_helpers.shutdown()
         if not args.keep_db:
             with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')

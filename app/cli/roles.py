@@ -35,8 +35,13 @@ def _serve_metrics(settings: Settings) -> None:
 
 def _runtime(ctx: Catalog, *, worker: bool, scheduler: bool, evaluator: bool) -> Runtime:
     from app.scheduler.runtime import Runtime
+    from app.services.lifecycle import plan_helpers
 
     configure_logging()
+    if scheduler or evaluator:  # the roles that plan
+        plan_helpers.configure(ctx.settings.plan_processes)
+        with ctx.factory() as session:  # a large catalog's first replan finds them started
+            plan_helpers.warm(session, wait=plan_helpers.WARM_WAIT_S)
     return Runtime(
         ctx.factory,
         ctx.tiers,

@@ -153,6 +153,9 @@ def test_auth_on_with_non_loopback_host_is_fine(monkeypatch: pytest.MonkeyPatch)
         ("CKPT_PORT", "65536"),
         ("CKPT_AUTH", "maybe"),
         ("CKPT_AUTH", "false"),
+        ("CKPT_PLAN_PROCESSES", "0"),
+        ("CKPT_PLAN_PROCESSES", "65"),
+        ("CKPT_PLAN_PROCESSES", "two"),
     ],
 )
 def test_bad_value_names_the_variable(
@@ -224,3 +227,9 @@ def test_weak_bootstrap_token_is_refused_without_repeating_it(
         load_settings()
     assert "CKPT_BOOTSTRAP_TOKEN" in str(caught.value)
     assert token not in str(caught.value)
+
+
+def test_plans_use_the_cores_by_default_and_as_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().plan_processes == min(os.cpu_count() or 1, 4)
+    monkeypatch.setenv("CKPT_PLAN_PROCESSES", "1")  # one process plans alone
+    assert load_settings().plan_processes == 1

@@ -3,7 +3,6 @@ early-deletion penalty, plus the blast-radius hold."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -11,29 +10,24 @@ from typing import NamedTuple, TypedDict
 
 from sqlalchemy.orm import Session
 
-from app.cost.early_deletion import (
-    ActionCost,
-    planned_action_cost,
-    planned_storage_change,
-    skip_costly_demotions,
-)
+from app.cost.early_deletion import ActionCost
 from app.cost.prices import effective_price
-from app.cost.saving_start import saving_starts
 from app.domain.errors import Invalid
 from app.domain.plan import Kept, PlannedAction, Skipped
 from app.domain.states import ActionKind
 from app.domain.tier import Tier
-from app.policy.due import next_change
-from app.policy.engine import evaluate, select_policy, shadows_of
 from app.policy.schema import Policy
 from app.services.catalog.policies import active_policies
 from app.services.catalog.run_totals import project_totals
-from app.services.lifecycle.locks import current_locks, hold_back_locked
-from app.services.lifecycle.plan_ledger import (
-    WorkKey,
-    not_yet_again,
-    planned_again_at,
-    read_ledger,
+from app.services.lifecycle.locks import current_locks
+from app.services.lifecycle.plan_helpers import evaluate_in_parts, plan_ranges
+from app.services.lifecycle.plan_ledger import read_ledger
+from app.services.lifecycle.plan_parts import (
+    Loaded,
+    PlanInputs,
+    deleting_projects,
+    evaluate_scope,
+    loaded_by_project,
 )
 from app.services.lifecycle.shadow import ShadowPlanned, plan_shadows
 from app.services.lifecycle.snapshot import Scope, gc_paused, load_scope, ranked_by, restrict
@@ -116,7 +110,9 @@ def exceeds_blast_radius(delete_count: int, delete_bytes: int, total: tuple[int,
     return delete_count * 2 > count or delete_bytes * 2 > size
 
 
-def _held(session: Session, scope: Scope, project: str, deletes: list[PlannedAction]) -> bool:
+def _held(
+    session: Session, loaded: Loaded | None, project: str, deletes: list[PlannedAction]
+) -> bool:
     """Whether the project's new deletes exceed the blast radius. The project's active
     checkpoints in scope are a lower bound of all of them: deletes within half of those
     are within half of the project's, and a registration's prune skips summing the
@@ -124,20 +120,12 @@ def _held(session: Session, scope: Scope, project: str, deletes: list[PlannedAct
     if not deletes:
         return False
     count, size = len(deletes), sum(a.bytes for a in deletes)
-    runs = [r for r in scope.runs if r.project == project]
-    if len(runs) <= LOWER_BOUND_RUNS:
-        in_scope = [c for r in runs for c in scope.checkpoints.get(r.id, ())]
-        loaded = (len(in_scope), sum(c.size_bytes for c in in_scope))
-        if not exceeds_blast_radius(count, size, loaded):
-            return False
+    lower_bound = loaded[1] if loaded is not None else None
+    if lower_bound is not None and not exceeds_blast_radius(count, size, lower_bound):
+        return False
     return exceeds_blast_radius(
         count, size, project_totals(session, [project]).get(project, (0, 0))
     )
-
-
-# Beyond this many runs of a project in scope, summing what was loaded costs more than
-# asking the database for the project's totals (kept per run).
-LOWER_BOUND_RUNS = 200
 
 
 def plan_catalog(
@@ -211,92 +199,52 @@ def _plan(
         session, now, project=project, run_id=run_id, projects=projects, run_ids=run_ids
     )
     policies = [] if policy is not None else active_policies(session, [t.name for t in tiers])
-    # Without a shadow policy (the usual case) a sweep does not pay for them per run.
-    shadowing = shadows and any(not p.enforced for p in policies)
-    shadowed: dict[str, list[Policy]] = {}
-    scope = load_scope(
-        session,
-        project=project,
-        run_id=run_id,
-        projects=projects,
-        run_ids=run_ids,
-        metrics=ranked_by([policy] if policy is not None else policies),
+    inputs = PlanInputs(
+        tiers=tiers,
+        now=now,
+        policy=policy,
+        policies=policies,
+        explain=explain,
+        due=due,
+        # Without a shadow policy (the usual case) a sweep does not pay for them per run.
+        shadowing=shadows and any(not p.enforced for p in policies),
+        failures=failures,
+        locks=locks,
+        trash_retention=trash_retention,
     )
-    if run_id is not None and not scope.runs:
-        raise Invalid(f"no run has id {run_id!r}", field="run_id")
-    waits = planned_again_at(failures, locks) if due else {}
-    ranks = {t.name: t.rank for t in tiers}
-    prices = {t.name: effective_price(t) for t in tiers}
-    billed = {t.name: t.provider.billed_after_delete for t in tiers}
-    plan = CatalogPlan(skipped=purges_waiting, read=scope if keep_read else None)
-    per_project: dict[str, list[PlannedAction]] = defaultdict(list)
-    costs: dict[WorkKey, ActionCost] = {}
-    changes: dict[WorkKey, tuple[tuple[str, float], ...]] = {}
-    notes: dict[tuple[str, str | None, str | None, frozenset[str]], str | None] = {}
-    for run in scope.runs:
-        checkpoints = scope.checkpoints.get(run.id, [])
-        governing = policy or select_policy(policies, run)
-        shadows_here = shadows_of(policies, run) if shadowing else []
-        if shadows_here:
-            shadowed[run.id] = shadows_here
-        if due:
-            # (usually nothing waits: then no lookup per checkpoint, a million of them)
-            also = [t for c in checkpoints for t in waits.get(c.id, ())] if waits else []
-            found = next_change(governing, run, checkpoints, now, also, live_only=True)
-            for shadow_policy in shadows_here:  # due when any of its plans may change
-                other = next_change(shadow_policy, run, checkpoints, now, also, live_only=True)
-                found = min((t for t in (found, other) if t is not None), default=None)
-            plan.next_due.append((run.id, run.next_due_at, found))
-        if governing is None:
-            if not explain:
-                continue
-            plan.kept.extend(
-                Kept(c.id, c.step, ("no policy governs this run",)) for c in checkpoints
-            )
-            continue
-        result = evaluate(
-            governing,
-            run,
-            checkpoints,
-            now,
-            tier_ranks=ranks,
-            resumed_by_active=scope.resumed_by_active,
-            explain=explain,
-            live_only=True,  # load_scope reads the run's active checkpoints alone
+    metrics = ranked_by([policy] if policy is not None else policies)
+    # A whole catalog's or project's plan is split by runs across processes when it is
+    # large (a shadow policy's plan reads what the plan read: then it is not split).
+    ranges = (
+        plan_ranges(session, project=project, projects=projects)
+        if run_id is None and run_ids is None and not inputs.shadowing
+        else None
+    )
+    if ranges is not None:
+        scope, part = evaluate_in_parts(
+            session, inputs, ranges, project=project, projects=projects, metrics=metrics
         )
-        result = skip_costly_demotions(
-            result,
-            governing,
-            run,
-            checkpoints,
-            now,
-            tier_ranks=ranks,
-            prices=prices,
-            resumed_by_active=scope.resumed_by_active,
+    else:
+        scope = load_scope(
+            session,
+            project=project,
+            run_id=run_id,
+            projects=projects,
+            run_ids=run_ids,
+            metrics=metrics,
         )
-        actions, waiting = not_yet_again(list(result.actions), failures, now)
-        actions, locked = hold_back_locked(actions, locks)
-        if explain and actions:
-            by_id = {c.id: c for c in checkpoints}
-            for i, a in enumerate(actions):
-                checkpoint = by_id[a.checkpoint_id]
-                key = (a.checkpoint_id, a.kind, a.to_tier)
-                costs[key] = planned_action_cost(a, checkpoint, prices, now)
-                changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
-                # the same tiers freed the same way say the same: once per plan
-                says = (a.kind, a.from_tier, checkpoint.tier, checkpoint.tiers)
-                if says in notes:
-                    note = notes[says]
-                else:
-                    note = notes[says] = saving_starts(a, checkpoint, billed, now, trash_retention)
-                if note is not None:  # the same usd_month, from later on
-                    actions[i] = a._replace(reason=f"{a.reason}; {note}")
-        per_project[run.project].extend(actions)
-        plan.kept.extend(result.kept)
-        plan.skipped.extend(result.skipped)
-        plan.skipped.extend(waiting)
-        plan.skipped.extend(locked)
-    for project_name, actions in per_project.items():
+        if run_id is not None and not scope.runs:
+            raise Invalid(f"no run has id {run_id!r}", field="run_id")
+        part = evaluate_scope(inputs, scope)
+        part.loaded = loaded_by_project(scope, deleting_projects(part))
+    plan = CatalogPlan(
+        kept=part.kept,
+        skipped=purges_waiting + part.skipped,
+        next_due=part.next_due,
+        read=scope if keep_read else None,
+    )
+    costs, changes = part.costs, part.changes
+    for project_name, actions in part.per_project.items():
         # Deletes already in the ledger were weighed by the evaluation that made them.
         deletes = [
             a
@@ -304,7 +252,7 @@ def _plan(
             if a.kind == ActionKind.DELETE
             and (not existing or (a.checkpoint_id, a.kind, a.to_tier) not in existing)
         ]
-        held = _held(session, scope, project_name, deletes)
+        held = _held(session, part.loaded.get(project_name), project_name, deletes)
         if not existing and not costs:  # a sweep's plan with nothing open: no lookups
             deleting = "held" if held else "pending"
             plan.items.extend(
@@ -320,15 +268,15 @@ def _plan(
             else:
                 state = "held" if held and a.kind == ActionKind.DELETE else "pending"
                 plan.items.append(PlanItem(a, state, cost=cost, storage=storage))
-    if shadowed:
+    if part.shadowed:
         plan.shadow = plan_shadows(
             session,
             scope=scope,
-            shadowed=shadowed,
+            shadowed=part.shadowed,
             narrow=lambda stmt: restrict(stmt, project, run_id, projects, run_ids),
             now=now,
             tiers=tiers,
-            prices=prices,
+            prices={t.name: effective_price(t) for t in tiers},
             locks=locks,
         )
     return plan

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Select, and_, null, select
 from sqlalchemy.orm import Session
@@ -24,6 +25,9 @@ from app.domain.plan import CheckpointSnapshot, RunSnapshot
 from app.domain.states import CheckpointState, RunStatus
 from app.policy.schema import Policy
 from app.services.catalog.runs import runs_in
+
+# A range of run ids, from the first (inclusive) to the second (exclusive); None is open.
+RunRange = tuple[str | None, str | None]
 
 STREAM_FROM_RUNS = 100  # runs in scope from which a plan reads its checkpoints streamed
 
@@ -101,7 +105,12 @@ def restrict(
     run_id: str | None,
     projects: Collection[str] | None = None,
     run_ids: Collection[str] | None = None,
+    between: RunRange | None = None,
 ) -> Select:  # type: ignore[type-arg]
+    """`stmt` (over checkpoints) narrowed to the scope; `between`, one part of a plan
+    split by runs, narrows it further."""
+    if between is not None:
+        stmt = in_range(stmt, Checkpoint.run_id, between)
     if run_ids is not None:
         return stmt.where(Checkpoint.run_id.in_(sorted(run_ids)))
     if run_id is not None:
@@ -110,6 +119,16 @@ def restrict(
         return stmt.where(Checkpoint.run_id.in_(runs_in([project])))
     if projects is not None:
         return stmt.where(Checkpoint.run_id.in_(runs_in(projects)))
+    return stmt
+
+
+def in_range(stmt: Select, column: Any, between: RunRange) -> Select:  # type: ignore[type-arg]
+    """Run ids from the first (inclusive) to the second (exclusive); None is open."""
+    low, high = between
+    if low is not None:
+        stmt = stmt.where(column >= low)
+    if high is not None:
+        stmt = stmt.where(column < high)
     return stmt
 
 
@@ -161,6 +180,7 @@ def load_scope(
     projects: Collection[str] | None = None,
     run_ids: Collection[str] | None = None,
     metrics: Collection[str] | None = None,
+    between: RunRange | None = None,
 ) -> Scope:
     """Runs in scope (one run, one project, the projects of `projects`, or the whole catalog;
     the narrowest given wins) with their active
@@ -168,9 +188,12 @@ def load_scope(
 
     With `metrics` (the names the policies rank by), each checkpoint carries only those,
     read as numbers by the database: parsing every checkpoint's JSON took more than half of
-    a million-checkpoint plan."""
+    a million-checkpoint plan. `between` narrows the scope to a range of run ids (one part
+    of a plan split across processes, app.services.lifecycle.plan_parts)."""
     many = run_id is None  # one run's rows are few
     run_stmt = run_select()
+    if between is not None:
+        run_stmt = in_range(run_stmt, Run.id, between)
     if run_ids is not None:  # the runs a periodic sweep found due
         run_stmt = run_stmt.where(Run.id.in_(sorted(run_ids)))
     elif run_id is not None:
@@ -219,6 +242,7 @@ def load_scope(
         run_id,
         projects,
         run_ids,
+        between,
     )
     replica_stmt = restrict(
         select(Location.checkpoint_id, Location.tier)
@@ -228,6 +252,7 @@ def load_scope(
         run_id,
         projects,
         run_ids,
+        between,
     )
     replicas: dict[str, set[str]] = defaultdict(set)
     for checkpoint_id, tier in fetch_all(session, replica_stmt, many=many):
@@ -295,8 +320,9 @@ def load_scope(
     resumed_stmt = select(Run.resumed_from).where(
         Run.status == RunStatus.ACTIVE, Run.resumed_from.is_not(None)
     )
-    if run_id is not None or project is not None or projects is not None or run_ids is not None:
-        in_scope = restrict(select(Checkpoint.id), project, run_id, projects, run_ids)
+    narrowed = (run_id, project, projects, run_ids, between)
+    if any(n is not None for n in narrowed):
+        in_scope = restrict(select(Checkpoint.id), project, run_id, projects, run_ids, between)
         resumed_stmt = resumed_stmt.where(Run.resumed_from.in_(in_scope))
     resumed = {cid for (cid,) in fetch_all(session, resumed_stmt, many=many) if cid is not None}
     return Scope(

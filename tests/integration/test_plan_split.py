@@ -1,0 +1,247 @@
+"""A large plan split by runs across processes is the plan one process makes: the same
+actions in the same states (the blast-radius hold weighed over a project's runs in every
+range), the same kept and skipped checkpoints, the same next due times and totals. A
+helper that dies or is missing costs time, never the plan."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import pytest
+import yaml
+from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import insert
+
+from app.db.models import Checkpoint, Location, Project, Run
+from app.db.session import session_scope
+from app.policy.loading import validate_policy
+from app.services.catalog.policies import store_policy
+from app.services.lifecycle import plan_helpers
+from app.services.lifecycle.planning import CatalogPlan, plan_catalog
+from app.services.lifecycle.sweep import run_sweep
+from tests.conftest import empty
+
+NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
+
+POLICY = """\
+name: default
+rules:
+  - {name: rolling, class: rolling, keep_last: 2, action: delete}
+  - {name: thin, class: milestone, when: {run_ended: 2d}, keep_last: 1, action: delete}
+  - {name: cool, class: milestone, when: {age: 10d}, action: {move_to: cold}}
+  - {name: archive, class: final, when: {run_ended: 0s}, action: {copy_to: archive}}
+"""
+
+
+@dataclass(frozen=True)
+class RunShape:
+    project: int
+    ended_days_ago: int | None  # None: still active
+    checkpoints: tuple[tuple[str, int, int], ...]  # (class, age in days, size)
+
+
+runs_shape = st.builds(
+    RunShape,
+    project=st.integers(0, 2),
+    ended_days_ago=st.one_of(st.none(), st.integers(0, 40)),
+    checkpoints=st.lists(
+        st.tuples(
+            st.sampled_from(["rolling", "milestone", "final"]),
+            st.integers(0, 60),
+            st.integers(1, 10_000),
+        ),
+        max_size=8,
+    ).map(tuple),
+)
+
+
+def build(app: FastAPI, shapes: list[RunShape]) -> None:
+    """The runs, their active checkpoints on `hot`, and each run's totals (the split's
+    balance reads them)."""
+    projects = [{"id": n + 1, "name": f"p{n}", "created_at": NOW} for n in range(3)]
+    runs: list[dict[str, Any]] = []
+    checkpoints: list[dict[str, Any]] = []
+    locations: list[dict[str, Any]] = []
+    for n, shape in enumerate(shapes):
+        run_id = f"run_{n:04d}"
+        ended = shape.ended_days_ago
+        runs.append(
+            {
+                "id": run_id,
+                "project_id": shape.project + 1,
+                "name": f"run-{n}",
+                "status": "active" if ended is None else "completed",
+                "labels": {},
+                "started_at": NOW - timedelta(days=90),
+                "ended_at": None if ended is None else NOW - timedelta(days=ended),
+                "active_checkpoints": len(shape.checkpoints),
+                "active_bytes": sum(size for _, _, size in shape.checkpoints),
+            }
+        )
+        for step, (klass, age, size) in enumerate(shape.checkpoints):
+            cid = f"ckpt_{n:04d}_{step}"
+            uri = f"file:///srv/hot/p/run-{n}/step-{step}"
+            made = NOW - timedelta(days=age, hours=1)
+            checkpoints.append(
+                {
+                    "id": cid,
+                    "run_id": run_id,
+                    "step": step,
+                    "klass": klass,
+                    "state": "active",
+                    "uri": uri,
+                    "size_bytes": size,
+                    "files": None,
+                    "metrics": {},
+                    "labels": {},
+                    "pinned": False,
+                    "created_at": made,
+                    "registered_at": made,
+                    "committed_at": made,
+                }
+            )
+            locations.append({"checkpoint_id": cid, "tier": "hot", "uri": uri, "role": "primary"})
+    with session_scope(app.state.session_factory) as session:
+        session.execute(insert(Project), projects)
+        if runs:
+            session.execute(insert(Run), runs)
+        if checkpoints:
+            session.execute(insert(Checkpoint), checkpoints)
+            session.execute(insert(Location), locations)
+        tiers = [t.name for t in app.state.tiers]
+        store_policy(session, validate_policy(yaml.safe_load(POLICY), tiers), source="api", now=NOW)
+
+
+def planned(app: FastAPI, processes: int, **kwargs: Any) -> CatalogPlan:
+    plan_helpers.configure(processes)
+    with session_scope(app.state.session_factory) as session:
+        return plan_catalog(session, tiers=app.state.tiers, now=NOW, **kwargs)
+
+
+def comparable(plan: CatalogPlan) -> dict[str, Any]:
+    """Everything a plan says, in an order that does not depend on how it was split."""
+    return {
+        "items": sorted(plan.items, key=lambda i: (i.action.checkpoint_id, i.action.kind)),
+        "kept": sorted(plan.kept),
+        "skipped": sorted(plan.skipped),
+        "next_due": sorted(plan.next_due),
+        "totals": plan.totals(),
+    }
+
+
+@pytest.fixture
+def split_everything(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every plan of a scope is split (rather than from 200,000 checkpoints)."""
+    monkeypatch.setattr(plan_helpers, "SPLIT_FROM", 0)
+    yield
+    plan_helpers.shutdown()
+
+
+def helpers_alive() -> list[BaseProcess]:
+    return [p for p in multiprocessing.active_children() if p.name == "ckpt-plan-part"]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(shapes=st.lists(runs_shape, min_size=1, max_size=24), processes=st.integers(2, 3))
+def test_a_split_plan_is_the_plan_of_one_process(
+    app: FastAPI, split_everything: None, shapes: list[RunShape], processes: int
+) -> None:
+    empty(app.state.engine)
+    build(app, shapes)
+    # some runs' actions already in the ledger: a plan reports them open, not new
+    first = next((f"run_{n:04d}" for n, s in enumerate(shapes) if s.checkpoints), None)
+    if first is not None:
+        run_sweep(
+            app.state.session_factory,
+            tiers=app.state.tiers,
+            now=NOW,
+            trigger="registration",
+            run_id=first,
+        )
+    for kwargs in ({}, {"explain": False, "due": True, "shadows": True}, {"project": "p1"}):
+        alone = planned(app, 1, **kwargs)
+        split = planned(app, processes, **kwargs)
+        assert comparable(split) == comparable(alone), kwargs
+    if app.state.engine.dialect.name == "sqlite":
+        assert helpers_alive() == []  # the embedded catalog is never split
+
+
+@pytest.mark.parametrize(("active_runs", "state"), [(5, "pending"), (0, "held")])
+def test_the_blast_radius_weighs_a_project_across_ranges(
+    app: FastAPI, split_everything: None, active_runs: int, state: str
+) -> None:
+    """Ten runs of three milestones, the first five ended (two of three thinned each): the
+    first range alone deletes more than half of what it read, the project does not (10 of
+    30), and nothing is held; with every run ended (20 of 30) everything is, split or not."""
+    milestones = (("milestone", 5, 100), ("milestone", 4, 100), ("milestone", 3, 100))
+    shapes = [RunShape(0, None if n >= 10 - active_runs else 5, milestones) for n in range(10)]
+    build(app, shapes)
+    for processes in (1, 2, 3):
+        deletes = [i for i in planned(app, processes).items if i.action.kind == "delete"]
+        assert len(deletes) == 2 * (10 - active_runs), processes
+        assert {i.state for i in deletes} == {state}, processes
+
+
+def test_a_dead_helper_costs_time_not_the_plan(
+    app: FastAPI, split_everything: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    if app.state.engine.dialect.name == "sqlite":
+        pytest.skip("plans are split on PostgreSQL only")
+    shapes = [RunShape(n % 3, None if n % 2 else 3, (("rolling", 1, 10),) * 4) for n in range(30)]
+    build(app, shapes)
+    expected = comparable(planned(app, 1))
+    assert comparable(planned(app, 2)) == expected
+    (helper,) = helpers_alive()
+    os.kill(helper.pid or 0, signal.SIGKILL)
+    helper.join(timeout=10)
+    assert comparable(planned(app, 2)) == expected  # planned here instead
+    assert "plan helper gone" in caplog.text
+    assert comparable(planned(app, 2)) == expected  # by a new helper
+    (replacement,) = helpers_alive()
+    assert replacement.pid != helper.pid
+    plan_helpers.shutdown()
+    assert helpers_alive() == []
+
+
+def test_ranges_cover_every_run_once_in_about_equal_shares() -> None:
+    rows = [(f"run_{n:03d}", (n * 37) % 11) for n in range(200)]
+    total = sum(count for _, count in rows)
+    for parts in (2, 3, 4):
+        ranges = plan_helpers.cut(rows, total, parts)
+        assert len(ranges) == parts and ranges[0][0] is None and ranges[-1][1] is None
+        shares = []
+        for low, high in ranges:
+            inside = [
+                c for r, c in rows if (low is None or r >= low) and (high is None or r < high)
+            ]
+            shares.append(sum(inside))
+        assert sum(shares) == total
+        assert max(shares) - min(shares) <= 2 * max(c for _, c in rows), (parts, shares)
+
+
+def test_helpers_started_ahead_serve_the_first_plan(app: FastAPI, split_everything: None) -> None:
+    """What a service starting on a large catalog does: its helpers ready before any plan."""
+    build(app, [RunShape(n % 3, 3, (("milestone", 20, 10),) * 3) for n in range(12)])
+    plan_helpers.configure(2)
+    with session_scope(app.state.session_factory) as session:
+        started = plan_helpers.warm(session, wait=60)
+    if app.state.engine.dialect.name == "sqlite":
+        assert started == 0 and helpers_alive() == []
+        return
+    assert started == 1
+    (helper,) = helpers_alive()
+    assert comparable(planned(app, 2)) == comparable(planned(app, 1))
+    assert [p.pid for p in helpers_alive()] == [helper.pid]
