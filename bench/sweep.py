@@ -175,14 +175,16 @@ def load_runs(
     return ids
 
 
-def http_plan(db: str, planned: int, kept: int) -> tuple[float, int]:
+def http_plan(db: str, planned: int, kept: int, processes: int) -> tuple[float, int]:
     """`POST /v1/plan` of the whole catalog through `ckpt api`, as `ckpt plan` asks it: from
     the request to the answer's last byte; the answer must hold the in-process plan's
     actions and kept checkpoints. Returns (seconds, bytes of the answer)."""
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-plan-") as tmp:
         work = Path(tmp)
         tiers = [{"name": t.name, "url": f"file://{work / t.name}"} for t in TIERS]
-        server = TieredServer(db, work, tiers, work / "server.log")
+        server = TieredServer(
+            db, work, tiers, work / "server.log", env={"CKPT_PLAN_PROCESSES": str(processes)}
+        )
         try:
             server.wait_healthy()
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
@@ -398,7 +400,7 @@ def main() -> None:
                 assert len(replan.items) == planned, "a sweep's plan differs from the dry run's"
                 del replan
                 gc.collect()
-                http_s, http_bytes = http_plan(db, planned, kept)
+                http_s, http_bytes = http_plan(db, planned, kept, args.plan_processes)
                 fetch_s = fetch_plan_rows(conn)
                 incremental_s, due = incremental_sweep(conn, factory, run_ids, now, rng)
                 used.update(due)

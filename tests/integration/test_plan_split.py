@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -39,6 +40,13 @@ rules:
   - {name: thin, class: milestone, when: {run_ended: 2d}, keep_last: 1, action: delete}
   - {name: cool, class: milestone, when: {age: 10d}, action: {move_to: cold}}
   - {name: archive, class: final, when: {run_ended: 0s}, action: {copy_to: archive}}
+"""
+
+WHAT_IF = """\
+name: what-if
+rules:
+  - {name: rolling, class: rolling, keep_last: 1, action: delete}
+  - {name: cold, class: milestone, when: {age: 5d}, action: {move_to: cold}}
 """
 
 
@@ -171,7 +179,14 @@ def test_a_split_plan_is_the_plan_of_one_process(
             trigger="registration",
             run_id=first,
         )
-    for kwargs in ({}, {"explain": False, "due": True, "shadows": True}, {"project": "p1"}):
+    tiers = [t.name for t in app.state.tiers]
+    what_if = validate_policy(yaml.safe_load(WHAT_IF), tiers)
+    for kwargs in (
+        {},
+        {"explain": False, "due": True, "shadows": True},  # a sweep's
+        {"project": "p1"},
+        {"policy": what_if},
+    ):
         alone = planned(app, 1, **kwargs)
         split = planned(app, processes, **kwargs)
         assert comparable(split) == comparable(alone), kwargs
@@ -216,20 +231,35 @@ def test_a_dead_helper_costs_time_not_the_plan(
     assert helpers_alive() == []
 
 
-def test_ranges_cover_every_run_once_in_about_equal_shares() -> None:
-    rows = [(f"run_{n:03d}", (n * 37) % 11) for n in range(200)]
-    total = sum(count for _, count in rows)
+def test_ranges_cover_every_run_once_in_about_equal_shares(
+    app: FastAPI, split_everything: None
+) -> None:
+    counts = [(n * 37) % 11 for n in range(200)]  # some runs have no checkpoint left
+    shapes = [RunShape(n % 3, None, (("rolling", 1, 10),) * c) for n, c in enumerate(counts)]
+    build(app, shapes)
     for parts in (2, 3, 4):
-        ranges = plan_helpers.cut(rows, total, parts)
+        plan_helpers.configure(parts)
+        with session_scope(app.state.session_factory) as session:
+            ranges = plan_helpers.plan_ranges(session, project=None, projects=None)
+            in_p1 = plan_helpers.plan_ranges(session, project="p1", projects=None)
+        if app.state.engine.dialect.name == "sqlite":
+            assert ranges is None and in_p1 is None  # the embedded catalog is never split
+            continue
+        assert ranges is not None and in_p1 is not None
         assert len(ranges) == parts and ranges[0][0] is None and ranges[-1][1] is None
-        shares = []
-        for low, high in ranges:
-            inside = [
-                c for r, c in rows if (low is None or r >= low) and (high is None or r < high)
-            ]
-            shares.append(sum(inside))
-        assert sum(shares) == total
-        assert max(shares) - min(shares) <= 2 * max(c for _, c in rows), (parts, shares)
+        assert all(high == low for (_, high), (low, _) in pairwise(ranges))  # contiguous
+        ids = [f"run_{n:04d}" for n in range(len(counts))]
+        shares = [
+            sum(
+                c
+                for i, c in zip(ids, counts, strict=True)
+                if (low is None or i >= low) and (high is None or i < high)
+            )
+            for low, high in ranges
+        ]
+        assert sum(shares) == sum(counts)
+        assert max(shares) - min(shares) <= 2 * max(counts), (parts, shares)
+        assert len(in_p1) == parts  # a project's runs, cut the same way
 
 
 def test_helpers_started_ahead_serve_the_first_plan(app: FastAPI, split_everything: None) -> None:

@@ -24,12 +24,11 @@ import multiprocessing
 import pickle
 import signal
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.dialect import on_postgresql
@@ -254,32 +253,32 @@ def plan_ranges(
     session: Session, *, project: str | None, projects: Collection[str] | None
 ) -> list[RunRange] | None:
     """The ranges of run ids a plan of this scope is split into, of about equal active
-    checkpoint counts (per-run totals kept on the run row); None when it is not split."""
-    if _POOL.processes <= 1 or not on_postgresql(session.connection()):
+    checkpoint counts (the per-run totals kept on the run row); None when it is not split.
+    The database finds where each range starts (a window over the runs), so a catalog of
+    a million small runs costs a scan of them there, not a million rows here."""
+    parts = _POOL.processes
+    if parts <= 1 or not on_postgresql(session.connection()):
         return None
-    stmt = select(Run.id, Run.active_checkpoints).order_by(Run.id)
-    if project is not None:
-        stmt = stmt.join(Project, Project.id == Run.project_id).where(Project.name == project)
-    elif projects is not None:
-        stmt = stmt.join(Project, Project.id == Run.project_id).where(
-            Project.name.in_(sorted(projects))
-        )
-    rows = session.execute(stmt).all()
-    total = sum(count or 0 for _, count in rows)
-    if total < SPLIT_FROM:
+    count = func.coalesce(Run.active_checkpoints, 0)
+
+    def narrowed(stmt: Select) -> Select:  # type: ignore[type-arg]
+        if project is None and projects is None:
+            return stmt
+        stmt = stmt.join(Project, Project.id == Run.project_id)
+        if project is not None:
+            return stmt.where(Project.name == project)
+        return stmt.where(Project.name.in_(sorted(projects or ())))
+
+    total = session.execute(narrowed(select(func.sum(count)))).scalar() or 0
+    if total < max(SPLIT_FROM, 1):
         return None
-    return cut(rows, total, _POOL.processes)
-
-
-def cut(rows: Sequence[Any], total: int, parts: int) -> list[RunRange]:
-    """Ranges over `rows` ((run id, active checkpoints) in the database's order of ids),
-    each starting at the run where the running count reaches its share."""
-    starts: list[str | None] = [None]
-    seen = 0
-    for run_id, count in rows:
-        if len(starts) < parts and seen >= total * len(starts) / parts:
-            starts.append(run_id)
-        seen += count or 0
+    before = (func.sum(count).over(order_by=Run.id) - count).label("before")
+    runs = narrowed(select(Run.id.label("id"), before)).subquery()
+    share = (runs.c.before * parts) // total  # the range a run starts in: 0 .. parts - 1
+    rows = session.execute(
+        select(share, func.min(runs.c.id)).where(share > 0).group_by(share).order_by(share)
+    ).all()
+    starts: list[str | None] = [None, *(first for _, first in rows)]
     return list(zip(starts, [*starts[1:], None], strict=True))
 
 
