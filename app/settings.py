@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from datetime import timedelta
 from functools import lru_cache
@@ -17,6 +18,32 @@ from app.domain.duration import parse_duration
 ENV_PREFIX = "CKPT_"
 MIN_BOOTSTRAP_TOKEN_LENGTH = 16
 MAX_PLAN_PROCESSES = 64
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU limit of the container this process runs in (cgroup v2 `cpu.max`, or v1's
+    CFS quota), in cores; None when there is none. A pod limited to one core on a node of
+    64 must not split its plans 64 ways."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cpus() -> int:
+    """The cores this process may use: those it may run on, within its container's limit."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        return max(1, min(count or 1, math.ceil(limit)))
+    return max(1, count or 1)
 
 
 def _duration(value: object) -> object:
@@ -56,7 +83,7 @@ class Settings(BaseSettings):
     import_lease: Duration = timedelta(seconds=30)
     # how many processes (the service's own included) evaluate a plan of 200,000 active
     # checkpoints or more, each a range of runs, on PostgreSQL; 1: one process plans alone
-    plan_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4))
+    plan_processes: int = Field(default_factory=lambda: min(usable_cpus(), 4))
     host: str = "127.0.0.1"
     port: int = 8000
     auth: Literal["on", "off"] = "on"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from app.settings import Settings, SettingsError, load_settings
+from app.settings import Settings, SettingsError, cgroup_cpu_limit, load_settings, usable_cpus
 
 CONTRACT_VARIABLES = (
     "CKPT_DATABASE_URL",
@@ -230,6 +230,27 @@ def test_weak_bootstrap_token_is_refused_without_repeating_it(
 
 
 def test_plans_use_the_cores_by_default_and_as_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert load_settings().plan_processes == min(os.cpu_count() or 1, 4)
+    assert load_settings().plan_processes == min(usable_cpus(), 4)
+    assert 1 <= usable_cpus() <= (os.cpu_count() or 1)
     monkeypatch.setenv("CKPT_PLAN_PROCESSES", "1")  # one process plans alone
     assert load_settings().plan_processes == 1
+
+
+@pytest.mark.parametrize(
+    ("files", "cores"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2.0),  # cgroup v2, a limit of two cores
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),  # no limit
+        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),  # v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),  # no cgroup files at all
+    ],
+)
+def test_a_containers_cpu_limit_is_read(
+    tmp_path: Path, files: dict[str, str], cores: float | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_limit(tmp_path) == cores
