@@ -418,6 +418,7 @@ def main() -> None:
                     "full_plan_over_fetch": round(plan_s / fetch_s, 2),
                     "post_plan_http_s": round(http_s, 2),
                     "post_plan_http_mb": round(http_bytes / 1e6, 1),
+                    "post_plan_http_over_fetch": round(http_s / fetch_s, 2),
                     "full_replan_s": round(replan_s, 2),
                     "full_replan_over_fetch": round(replan_s / fetch_s, 2),
                     "incremental_sweep_s": round(incremental_s, 3),

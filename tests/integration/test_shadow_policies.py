@@ -519,6 +519,8 @@ def test_without_a_shadow_policy_a_sweep_reads_nothing_more(
     again = statements()
 
     assert len(shadow_rows(app)) == 5 * 2
-    # PostgreSQL's bulk insert goes through the driver (app.db.bulk): not seen here
-    insert = 1 if engine.dialect.name == "sqlite" else 0
-    assert (first, again) == (without + 1 + insert, without + 1)
+    # PostgreSQL's bulk insert goes through the driver (app.db.bulk): not seen here. There,
+    # a whole catalog's plan without shadows first sums the runs' totals (is it large
+    # enough to split across processes?); a shadow policy's plan is never split
+    insert, sizing = (1, 0) if engine.dialect.name == "sqlite" else (0, 1)
+    assert (first, again) == (without + 1 + insert - sizing, without + 1 - sizing)
