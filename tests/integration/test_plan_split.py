@@ -277,3 +277,23 @@ def test_helpers_started_ahead_serve_the_first_plan(app: FastAPI, split_everythi
     (helper,) = helpers_alive()
     assert comparable(planned(app, 2)) == comparable(planned(app, 1))
     assert [p.pid for p in helpers_alive()] == [helper.pid]
+
+
+def test_a_helper_that_cannot_plan_costs_time_not_the_plan(
+    app: FastAPI,
+    split_everything: None,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper whose database refuses it (here: it asks for TLS, which the test server does
+    not offer) reports the failure; this process plans its range, and the helper stays."""
+    build(app, [RunShape(n % 3, 4, (("milestone", 20, 10),) * 3) for n in range(12)])
+    expected = comparable(planned(app, 1))
+    if app.state.engine.dialect.name == "sqlite":
+        return  # never split: nothing to fail
+    plan_helpers.shutdown()
+    monkeypatch.setenv("PGSSLMODE", "require")  # read by the helper's driver, spawned now
+    assert comparable(planned(app, 2)) == expected
+    (failed,) = [r for r in caplog.records if r.getMessage() == "plan helper failed"]
+    assert "SSL" in failed.__dict__["error"]  # the structured field the log line carries
+    assert len(helpers_alive()) == 1

@@ -326,14 +326,14 @@ def _collect(helper: _Helper | None, reply: _Reply | None) -> PlanPart | None:
         return None
     try:
         part = reply.part()
-    except RuntimeError as error:  # it planned and failed: this process plans the range
-        log.warning("plan helper failed", extra={"error": str(error)})
-        _POOL.give_back(helper, alive=True)
-        return None
     except (EOFError, OSError) as error:
         log.warning("plan helper gone", extra={"error": str(error) or type(error).__name__})
         with contextlib.suppress(OSError):
             _POOL.give_back(helper, alive=False)
+        return None
+    except Exception as error:  # it failed to plan, or its part did not unpickle
+        log.warning("plan helper failed", extra={"error": f"{type(error).__name__}: {error}"})
+        _POOL.give_back(helper, alive=True)
         return None
     _POOL.give_back(helper, alive=True)
     return part
