@@ -18,17 +18,21 @@ from typing import Any
 import pytest
 import yaml
 from fastapi import FastAPI
-from hypothesis import HealthCheck, given, settings
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
 from hypothesis import strategies as st
-from sqlalchemy import insert
+from sqlalchemy import Engine, insert
 
 from app.db.models import Checkpoint, Location, Project, Run
 from app.db.session import session_scope
+from app.main import NO_BACKGROUND, create_app
 from app.policy.loading import validate_policy
 from app.services.catalog.policies import store_policy
 from app.services.lifecycle import plan_helpers
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 from app.services.lifecycle.sweep import run_sweep
+from app.settings import Settings
 from tests.conftest import empty
 
 NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
@@ -158,7 +162,7 @@ def helpers_alive() -> list[BaseProcess]:
     return [p for p in multiprocessing.active_children() if p.name == "ckpt-plan-part"]
 
 
-@settings(
+@examples(
     max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -297,3 +301,21 @@ def test_a_helper_that_cannot_plan_costs_time_not_the_plan(
     (failed,) = [r for r in caplog.records if r.getMessage() == "plan helper failed"]
     assert "SSL" in failed.__dict__["error"]  # the structured field the log line carries
     assert len(helpers_alive()) == 1
+
+
+def test_a_service_starting_on_a_large_catalog_starts_its_helpers(
+    settings: Settings, clean_engine: Engine, split_everything: None
+) -> None:
+    """Its first plan then finds them ready; they stop with it."""
+    two = settings.model_copy(update={"plan_processes": 2})
+    app = create_app(two, engine=clean_engine, roles=NO_BACKGROUND)
+    build(app, [RunShape(n % 3, 3, (("milestone", 20, 10),) * 3) for n in range(6)])
+    with TestClient(app) as client:
+        started = helpers_alive()
+        assert client.post("/v1/plan", json={}).status_code == 200
+        assert helpers_alive() == started
+    if clean_engine.dialect.name == "sqlite":
+        assert started == []  # the embedded catalog is never split
+    else:
+        assert len(started) == 1
+    assert helpers_alive() == []

@@ -126,7 +126,9 @@ class _Helper:
 
     def ask(self, request: _Request) -> _Reply:
         self._conn.send(request)
-        return _Reply(self._conn, ready=self._ready)
+        reply = _Reply(self._conn, ready=self._ready)
+        self._ready = True  # the reply reads the helper's first message if still pending
+        return reply
 
     def stop(self) -> None:
         self._conn.close()  # the helper's recv ends: it returns

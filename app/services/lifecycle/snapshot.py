@@ -189,7 +189,7 @@ def load_scope(
     With `metrics` (the names the policies rank by), each checkpoint carries only those,
     read as numbers by the database: parsing every checkpoint's JSON took more than half of
     a million-checkpoint plan. `between` narrows the scope to a range of run ids (one part
-    of a plan split across processes, app.services.lifecycle.plan_parts)."""
+    of a plan split across processes, app.services.lifecycle.plan_helpers)."""
     many = run_id is None  # one run's rows are few
     run_stmt = run_select()
     if between is not None:
