@@ -373,3 +373,28 @@ def with_tiers(settings: Settings, tiers: list[dict[str, Any]]) -> Settings:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"tiers": tiers}))
     return settings.model_copy(update={"tiers_file": path})
+
+
+def active_checkpoint_rows(
+    cid: str, run_id: str, step: int, klass: str, uri: str, size: int, made: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rows of an active checkpoint on `hot` (its checkpoint, its primary location), for
+    tests that insert a catalog directly: thousands of runs through the API would take
+    minutes."""
+    checkpoint = {
+        "id": cid,
+        "run_id": run_id,
+        "step": step,
+        "klass": klass,
+        "state": "active",
+        "uri": uri,
+        "size_bytes": size,
+        "files": None,
+        "metrics": {},
+        "labels": {},
+        "pinned": False,
+        "created_at": made,
+        "registered_at": made,
+        "committed_at": made,
+    }
+    return checkpoint, {"checkpoint_id": cid, "tier": "hot", "uri": uri, "role": "primary"}

@@ -24,7 +24,7 @@ from app.services.lifecycle.ledger import close
 from app.services.lifecycle.plan_ledger import replan_after
 from app.services.lifecycle.planning import plan_catalog
 from app.services.lifecycle.sweep import run_sweep
-from tests.builders import put_policy
+from tests.builders import active_checkpoint_rows, put_policy
 
 RUNS = 10_000
 BASE = datetime(2026, 6, 1, 12, tzinfo=UTC)
@@ -70,25 +70,9 @@ def build_catalog(app: FastAPI) -> None:
             )
             cid = f"ckpt_{n:06d}_{step}"
             uri = f"file:///srv/hot/p/run-{n}/step-{step}"
-            checkpoints.append(
-                {
-                    "id": cid,
-                    "run_id": run_id,
-                    "step": step,
-                    "klass": klass,
-                    "state": "active",
-                    "uri": uri,
-                    "size_bytes": 1000,
-                    "files": None,
-                    "metrics": {},
-                    "labels": {},
-                    "pinned": False,
-                    "created_at": BASE - age,
-                    "registered_at": BASE - age,
-                    "committed_at": BASE - age,
-                }
-            )
-            locations.append({"checkpoint_id": cid, "tier": "hot", "uri": uri, "role": "primary"})
+            row, location = active_checkpoint_rows(cid, run_id, step, klass, uri, 1000, BASE - age)
+            checkpoints.append(row)
+            locations.append(location)
     with session_scope(app.state.session_factory) as session:
         session.execute(insert(Project), [{"id": 1, "name": "p", "created_at": BASE}])
         session.execute(insert(Run), runs)

@@ -33,6 +33,7 @@ from app.services.lifecycle import plan_helpers
 from app.services.lifecycle.planning import CatalogPlan, plan_catalog
 from app.services.lifecycle.sweep import run_sweep
 from app.settings import Settings
+from tests.builders import active_checkpoint_rows
 from tests.conftest import empty
 
 NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
@@ -103,25 +104,9 @@ def build(app: FastAPI, shapes: list[RunShape]) -> None:
             cid = f"ckpt_{n:04d}_{step}"
             uri = f"file:///srv/hot/p/run-{n}/step-{step}"
             made = NOW - timedelta(days=age, hours=1)
-            checkpoints.append(
-                {
-                    "id": cid,
-                    "run_id": run_id,
-                    "step": step,
-                    "klass": klass,
-                    "state": "active",
-                    "uri": uri,
-                    "size_bytes": size,
-                    "files": None,
-                    "metrics": {},
-                    "labels": {},
-                    "pinned": False,
-                    "created_at": made,
-                    "registered_at": made,
-                    "committed_at": made,
-                }
-            )
-            locations.append({"checkpoint_id": cid, "tier": "hot", "uri": uri, "role": "primary"})
+            row, location = active_checkpoint_rows(cid, run_id, step, klass, uri, size, made)
+            checkpoints.append(row)
+            locations.append(location)
     with session_scope(app.state.session_factory) as session:
         session.execute(insert(Project), projects)
         if runs:

@@ -41,7 +41,13 @@ from app.services.lifecycle.plan_parts import (
     loaded_by_project,
     merge_parts,
 )
-from app.services.lifecycle.snapshot import RunRange, Scope, gc_paused, load_scope
+from app.services.lifecycle.snapshot import (
+    RunRange,
+    Scope,
+    gc_paused,
+    load_scope,
+    of_projects,
+)
 
 log = logging.getLogger("app.plan")
 
@@ -266,10 +272,7 @@ def plan_ranges(
     def narrowed(stmt: Select) -> Select:  # type: ignore[type-arg]
         if project is None and projects is None:
             return stmt
-        stmt = stmt.join(Project, Project.id == Run.project_id)
-        if project is not None:
-            return stmt.where(Project.name == project)
-        return stmt.where(Project.name.in_(sorted(projects or ())))
+        return of_projects(stmt.join(Project, Project.id == Run.project_id), project, projects)
 
     total = session.execute(narrowed(select(func.sum(count)))).scalar() or 0
     if total < max(SPLIT_FROM, 1):

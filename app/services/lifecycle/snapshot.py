@@ -132,6 +132,20 @@ def in_range(stmt: Select, column: Any, between: RunRange) -> Select:  # type: i
     return stmt
 
 
+def of_projects(
+    stmt: Select,  # type: ignore[type-arg]
+    project: str | None,
+    projects: Collection[str] | None,
+) -> Select:  # type: ignore[type-arg]
+    """`stmt` (over runs joined to their project) narrowed to one project, or to those of
+    `projects`; the first wins, as everywhere a scope is given."""
+    if project is not None:
+        return stmt.where(Project.name == project)
+    if projects is not None:
+        return stmt.where(Project.name.in_(sorted(projects)))
+    return stmt
+
+
 def _utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes from a raw Core row; the catalog stores UTC."""
     if value is None or value.tzinfo is not None:
@@ -198,10 +212,8 @@ def load_scope(
         run_stmt = run_stmt.where(Run.id.in_(sorted(run_ids)))
     elif run_id is not None:
         run_stmt = run_stmt.where(Run.id == run_id)
-    elif project is not None:
-        run_stmt = run_stmt.where(Project.name == project)
-    elif projects is not None:
-        run_stmt = run_stmt.where(Project.name.in_(sorted(projects)))
+    else:
+        run_stmt = of_projects(run_stmt, project, projects)
     runs = read_runs(session, run_stmt, many=many)
     names = sorted(metrics or ())
     # The primary tier: a join for a whole catalog or project (one pass over `locations`),
