@@ -5,12 +5,22 @@ incomplete ones with their reason, and everything else counted as unrecognised."
 from __future__ import annotations
 
 from collections.abc import Iterable
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.domain.layouts import Found, Incomplete, Recognizer, hf_metrics, normalise, run_name
+from app.domain import layouts
+from app.domain.layouts import (
+    LAYOUTS,
+    Found,
+    Incomplete,
+    Recognizer,
+    hf_metrics,
+    normalise,
+    run_name,
+)
 
 
 def recognise(
@@ -231,3 +241,19 @@ def test_a_listing_resumed_at_any_settled_key_recognises_the_same_tree(
     assert summary(found) == summary(whole)
     assert incomplete == whole_incomplete
     assert unrecognized_at[cut] + rest_unrecognized == whole_unrecognized
+
+
+@given(keys=tree_keys, layout=st.sampled_from(["auto", *LAYOUTS]))
+def test_what_a_recognizer_remembers_of_directory_names_changes_nothing_it_reports(
+    keys: set[str], layout: str
+) -> None:
+    """A recognizer works out what each directory name says once and remembers it, up to
+    SEGMENT_MEMO names; one that forgets them all at every new name (a tree of more names
+    than that) reports the same checkpoints, incomplete ones and unrecognised count."""
+    ordered = sorted(k for k in keys if not any(o.startswith(k + "/") for o in keys))
+    remembered = recognise(ordered, layout)
+    with patch.object(layouts, "SEGMENT_MEMO", 1):
+        forgetful = recognise(ordered, layout)
+    assert summary(forgetful[0]) == summary(remembered[0])
+    assert [f.files for f in forgetful[0]] == [f.files for f in remembered[0]]
+    assert forgetful[1:] == remembered[1:]
