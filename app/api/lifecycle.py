@@ -119,6 +119,7 @@ def plan(
             projects=principal.projects,
             trash_retention=settings.trash_retention,
             keep_read=True,
+            kept_as_json=True,
         )
     )
 

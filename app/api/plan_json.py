@@ -19,15 +19,17 @@ came before the last byte: at 1M the answer's time past the plan fell from 2.4 s
 
 from __future__ import annotations
 
+import itertools
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import orjson
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from app.domain.plan import Kept, Skipped
+from app.domain.plan import Skipped
+from app.services.lifecycle.plan_parts import kept_pieces
 from app.services.lifecycle.planning import CatalogPlan, PlanItem
 from app.services.lifecycle.snapshot import pause_gc
 
@@ -63,24 +65,32 @@ def plan_response(make_plan: Callable[[], CatalogPlan]) -> StreamingResponse:
 def plan_document(plan: CatalogPlan) -> Iterator[bytes]:
     """The plan's JSON, in pieces: actions, kept, skipped, totals."""
     yield b'{"actions":'
-    yield from _array(plan.items, _action)
-    yield b',"kept":'
-    yield from _array(plan.kept, _kept)
+    yield from _array(_pieces(plan.items, _action))
+    yield b',"kept":'  # a split plan's other ranges' arrive encoded by their helpers
+    yield from _array(itertools.chain(kept_pieces(plan.kept), plan.kept_json))
     yield b',"skipped":'
-    yield from _array(plan.skipped, _skipped)
+    yield from _array(_pieces(plan.skipped, _skipped))
     yield b',"totals":'
     yield orjson.dumps(plan.totals())
     yield b"}"
 
 
-def _array(entries: Sequence[T], entry: Callable[[T], dict[str, Any]]) -> Iterator[bytes]:
-    """A JSON array of `entries`, encoded PIECE at a time."""
+def _array(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """A JSON array of the elements each piece holds (without brackets), a comma between
+    pieces."""
     yield b"["
-    for start in range(0, len(entries), PIECE):
-        encoded = orjson.dumps([entry(e) for e in entries[start : start + PIECE]])
-        # each piece's elements, without its brackets; a comma between pieces
-        yield (b"," if start else b"") + encoded[1:-1]
+    first = True
+    for piece in pieces:
+        if piece:
+            yield piece if first else b"," + piece
+            first = False
     yield b"]"
+
+
+def _pieces(entries: Sequence[T], entry: Callable[[T], dict[str, Any]]) -> Iterator[bytes]:
+    """`entries` encoded PIECE at a time: each piece the elements of an array."""
+    for start in range(0, len(entries), PIECE):
+        yield orjson.dumps([entry(e) for e in entries[start : start + PIECE]])[1:-1]
 
 
 def _action(item: PlanItem) -> dict[str, Any]:
@@ -99,10 +109,6 @@ def _action(item: PlanItem) -> dict[str, Any]:
         "usd_month": item.usd_month,
         "one_off_usd": item.one_off_usd,
     }
-
-
-def _kept(k: Kept) -> dict[str, Any]:
-    return {"checkpoint_id": k.checkpoint_id, "step": k.step, "reasons": k.reasons}
 
 
 def _skipped(s: Skipped) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from itertools import pairwise
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from fastapi import FastAPI
@@ -26,6 +27,7 @@ from sqlalchemy import Engine, insert
 
 from app.db.models import Checkpoint, Location, Project, Run
 from app.db.session import session_scope
+from app.domain.plan import Kept
 from app.main import NO_BACKGROUND, create_app
 from app.policy.loading import validate_policy
 from app.services.catalog.policies import store_policy
@@ -128,11 +130,20 @@ def comparable(plan: CatalogPlan) -> dict[str, Any]:
     """Everything a plan says, in an order that does not depend on how it was split."""
     return {
         "items": sorted(plan.items, key=lambda i: (i.action.checkpoint_id, i.action.kind)),
-        "kept": sorted(plan.kept),
+        "kept": sorted(all_kept(plan)),
         "skipped": sorted(plan.skipped),
         "next_due": sorted(plan.next_due),
         "totals": plan.totals(),
     }
+
+
+def all_kept(plan: CatalogPlan) -> list[Kept]:
+    """The plan's kept checkpoints, those a helper handed over encoded included."""
+    encoded = [orjson.loads(b"[" + piece + b"]") for piece in plan.kept_json]
+    return [
+        *plan.kept,
+        *(Kept(k["checkpoint_id"], k["step"], tuple(k["reasons"])) for p in encoded for k in p),
+    ]
 
 
 @pytest.fixture
@@ -175,6 +186,7 @@ def test_a_split_plan_is_the_plan_of_one_process(
         {"explain": False, "due": True, "shadows": True},  # a sweep's
         {"project": "p1"},
         {"policy": what_if},
+        {"kept_as_json": True},  # POST /v1/plan's: a helper's kept arrive encoded
     ):
         alone = planned(app, 1, **kwargs)
         split = planned(app, processes, **kwargs)
@@ -304,3 +316,34 @@ def test_a_service_starting_on_a_large_catalog_starts_its_helpers(
     else:
         assert len(started) == 1
     assert helpers_alive() == []
+
+
+def test_a_split_plan_answered_over_http_is_the_plan_of_one_process(
+    app: FastAPI, split_everything: None
+) -> None:
+    """`POST /v1/plan` of a split plan, its other ranges' kept checkpoints encoded by the
+    helpers, answers what one process answers: every kept checkpoint with its reasons."""
+    shapes = [
+        RunShape(n % 3, None if n % 2 else 3, (("milestone", 20, 10),) * 3 + (("rolling", 1, 5),))
+        for n in range(24)
+    ]
+    build(app, shapes)
+    if app.state.engine.dialect.name == "postgresql":
+        split = planned(app, 2, kept_as_json=True)
+        assert split.kept and split.kept_json  # the helper's range arrived encoded
+        assert comparable(split) == comparable(planned(app, 1))
+
+    def answer(processes: int) -> dict[str, Any]:
+        with TestClient(app) as client:  # its start configures the split: then ours
+            plan_helpers.configure(processes)
+            response = client.post("/v1/plan", json={})
+        assert response.status_code == 200
+        document: dict[str, Any] = response.json()
+        for name in ("actions", "kept", "skipped"):
+            document[name].sort(key=orjson.dumps)
+        return document
+
+    alone = answer(1)
+    assert len(alone["kept"]) == len({k["checkpoint_id"] for k in alone["kept"]}) > 24
+    assert all(k["reasons"] for k in alone["kept"])
+    assert answer(2) == alone

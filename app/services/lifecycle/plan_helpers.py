@@ -37,6 +37,7 @@ from app.db.session import make_engine, make_session_factory
 from app.services.lifecycle.plan_parts import (
     PlanInputs,
     PlanPart,
+    encode_kept,
     evaluate_scope,
     loaded_by_project,
     merge_parts,
@@ -104,6 +105,8 @@ def _serve(conn: Connection) -> None:
                     )
                 with factory() as session:
                     part, scope = _read_part(session, request)
+                if request.inputs.kept_as_json:
+                    encode_kept(part)
                 conn.send(("ok", part))
         except (EOFError, OSError):
             return

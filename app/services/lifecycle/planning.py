@@ -72,6 +72,9 @@ class Totals(TypedDict):
 class CatalogPlan:
     items: list[PlanItem] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
+    # more kept checkpoints, after `kept`, already encoded (with `kept_as_json`): pieces of
+    # app.services.lifecycle.plan_parts.kept_pieces
+    kept_json: list[bytes] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     # (run id, next_due_at as read, next change by the clock) of each run, when asked
     next_due: list[tuple[str, datetime | None, datetime | None]] = field(default_factory=list)
@@ -143,6 +146,7 @@ def plan_catalog(
     due: bool = False,
     shadows: bool = False,
     keep_read: bool = False,
+    kept_as_json: bool = False,
 ) -> CatalogPlan:
     """What the policies (or the what-if `policy` for every run in scope) would do now.
     `projects` (a bounded caller's) narrows the whole catalog to those projects. Explained,
@@ -153,7 +157,9 @@ def plan_catalog(
     `shadows` (a sweep's), the plan also holds the new would-be actions of the shadow
     policies (`shadow`, app.services.lifecycle.shadow), and a run is next due when its
     governing policy's plan or a shadow policy's can change; a what-if `policy` has none.
-    With `keep_read`, the plan holds what it read (`read`), freed with it.
+    With `keep_read`, the plan holds what it read (`read`), freed with it. With
+    `kept_as_json` (a caller that answers as JSON), the kept checkpoints of a split plan's
+    other ranges arrive encoded (`kept_json`).
     Raises Invalid for an unknown run or for both a project and a run."""
     if project is not None and run_id is not None:
         raise Invalid("give project or run_id, not both", field="run_id")
@@ -172,6 +178,7 @@ def plan_catalog(
             due=due,
             shadows=shadows,
             keep_read=keep_read,
+            kept_as_json=kept_as_json,
         )
 
 
@@ -190,6 +197,7 @@ def _plan(
     due: bool,
     shadows: bool,
     keep_read: bool,
+    kept_as_json: bool,
 ) -> CatalogPlan:
     # The ledger first, then the catalog: each statement reads its own snapshot, and an
     # action that finishes in between is then still open here (and its checkpoint left
@@ -211,6 +219,7 @@ def _plan(
         failures=failures,
         locks=locks,
         trash_retention=trash_retention,
+        kept_as_json=kept_as_json,
     )
     metrics = ranked_by([policy] if policy is not None else policies)
     # A whole catalog's or project's plan is split by runs across processes when it is
@@ -239,6 +248,7 @@ def _plan(
         part.loaded = loaded_by_project(scope, deleting_projects(part))
     plan = CatalogPlan(
         kept=part.kept,
+        kept_json=part.kept_json,
         skipped=purges_waiting + part.skipped,
         next_due=part.next_due,
         read=scope if keep_read else None,
