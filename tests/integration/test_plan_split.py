@@ -234,17 +234,26 @@ def test_a_dead_helper_costs_time_not_the_plan(
     assert helpers_alive() == []
 
 
+@pytest.mark.parametrize("explained", [False, True])
 def test_ranges_cover_every_run_once_in_about_equal_shares(
-    app: FastAPI, split_everything: None
+    app: FastAPI, split_everything: None, explained: bool
 ) -> None:
+    """Equal, but for an explained plan's first range (evaluated by the process asked, which
+    does not hand its part over): larger by EXPLAINED_FIRST_RANGE percent of the others."""
     counts = [(n * 37) % 11 for n in range(200)]  # some runs have no checkpoint left
     shapes = [RunShape(n % 3, None, (("rolling", 1, 10),) * c) for n, c in enumerate(counts)]
     build(app, shapes)
+    first = plan_helpers.EXPLAINED_FIRST_RANGE / 100 if explained else 1.0
+    assert first > 1.0 or not explained
     for parts in (2, 3, 4):
         plan_helpers.configure(parts)
         with session_scope(app.state.session_factory) as session:
-            ranges = plan_helpers.plan_ranges(session, project=None, projects=None)
-            in_p1 = plan_helpers.plan_ranges(session, project="p1", projects=None)
+            ranges = plan_helpers.plan_ranges(
+                session, project=None, projects=None, explained=explained
+            )
+            in_p1 = plan_helpers.plan_ranges(
+                session, project="p1", projects=None, explained=explained
+            )
         if app.state.engine.dialect.name == "sqlite":
             assert ranges is None and in_p1 is None  # the embedded catalog is never split
             continue
@@ -261,7 +270,13 @@ def test_ranges_cover_every_run_once_in_about_equal_shares(
             for low, high in ranges
         ]
         assert sum(shares) == sum(counts)
-        assert max(shares) - min(shares) <= 2 * max(counts), (parts, shares)
+        unit = sum(counts) / (first + parts - 1)  # a helper's share
+        expected = [first * unit, *[unit] * (parts - 1)]
+        assert all(abs(s - e) <= 2 * max(counts) for s, e in zip(shares, expected, strict=True)), (
+            parts,
+            shares,
+            expected,
+        )
         assert len(in_p1) == parts  # a project's runs, cut the same way
 
 

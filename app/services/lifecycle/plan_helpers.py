@@ -54,6 +54,13 @@ log = logging.getLogger("app.plan")
 
 SPLIT_FROM = 200_000  # active checkpoints in scope from which a plan is split
 READY = b"ready"  # a helper's first message
+# A helper's part of an explained plan (every kept checkpoint with its reasons, each
+# action's costs) takes about a sixth of its evaluation again to hand over: encoded,
+# pickled, sent and unpickled here, while this process, its own range done, waits (at 1M
+# in two parts: 0.7 s after 4.0 s). The range evaluated here is made larger by that much,
+# in percent of a helper's, so that both end together. A sweep's plan hands over its
+# actions alone (3 %): equal ranges.
+EXPLAINED_FIRST_RANGE = 115
 # A service starting on a large catalog waits this long at most for its helpers (they
 # import what a part needs in about a second): its first plan then finds them ready.
 WARM_WAIT_S = 10.0
@@ -261,12 +268,17 @@ def shutdown() -> None:
 
 
 def plan_ranges(
-    session: Session, *, project: str | None, projects: Collection[str] | None
+    session: Session,
+    *,
+    project: str | None,
+    projects: Collection[str] | None,
+    explained: bool = False,
 ) -> list[RunRange] | None:
     """The ranges of run ids a plan of this scope is split into, of about equal active
-    checkpoint counts (the per-run totals kept on the run row); None when it is not split.
-    The database finds where each range starts (a window over the runs), so a catalog of
-    a million small runs costs a scan of them there, not a million rows here."""
+    checkpoint counts (the per-run totals kept on the run row), the first a little larger
+    for an `explained` plan (EXPLAINED_FIRST_RANGE); None when it is not split. The
+    database finds where each range starts (a window over the runs), so a catalog of a
+    million small runs costs a scan of them there, not a million rows here."""
     parts = _POOL.processes
     if parts <= 1 or not on_postgresql(session.connection()):
         return None
@@ -282,7 +294,11 @@ def plan_ranges(
         return None
     before = (func.sum(count).over(order_by=Run.id) - count).label("before")
     runs = narrowed(select(Run.id.label("id"), before)).subquery()
-    share = (runs.c.before * parts) // total  # the range a run starts in: 0 .. parts - 1
+    first = EXPLAINED_FIRST_RANGE if explained else 100
+    weights = first + 100 * (parts - 1)  # the ranges' sizes: first, then 100 each
+    position = (runs.c.before * weights) // total  # 0 .. weights - 1
+    # the range a run starts in: 0 .. parts - 1 (integer division truncates toward 0)
+    share = func.greatest((position + 100 - first) // 100, 0)
     rows = session.execute(
         select(share, func.min(runs.c.id)).where(share > 0).group_by(share).order_by(share)
     ).all()

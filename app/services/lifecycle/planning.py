@@ -225,7 +225,7 @@ def _plan(
     # A whole catalog's or project's plan is split by runs across processes when it is
     # large (a shadow policy's plan reads what the plan read: then it is not split).
     ranges = (
-        plan_ranges(session, project=project, projects=projects)
+        plan_ranges(session, project=project, projects=projects, explained=explain)
         if run_id is None and run_ids is None and not inputs.shadowing
         else None
     )
