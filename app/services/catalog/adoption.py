@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
@@ -221,7 +222,7 @@ def _write(
             "state": "active",
             "uri": c.uri,
             "size_bytes": c.size_bytes,
-            "files": c.files,
+            "files": orjson.Fragment(c.files),  # JSON already (Candidate.files)
             "metrics": c.metrics,
             "labels": {},
             "pinned": False,

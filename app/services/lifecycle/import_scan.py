@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import IO, Any, Literal
 
+import orjson
+
 from app.domain.layouts import (
     UNRECOGNIZED_SAMPLE,
     Candidate,
@@ -244,7 +246,7 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
         step=found.step,
         uri=naming.uri_of(found.key),
         layout=found.layout,
-        files=files,
+        files=orjson.dumps(files),
         size_bytes=sum(int(entry["size_bytes"]) for entry in files),
         created_at=max(modified) if modified else datetime.now(UTC),
         metrics={},  # a Trainer's are read from its trainer_state.json
