@@ -112,9 +112,9 @@ class LocalStorage:
         return found
 
     def iter_prefix(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        # the walk itself, not a generator that hands on each of its objects
         base = self._path(prefix)
-        if base.is_dir():
-            yield from self._walk(str(base), "", start_after)
+        return self._walk(str(base), "", start_after) if base.is_dir() else iter(())
 
     def _walk(self, directory: str, relative: str, start_after: str | None) -> Iterator[ObjectInfo]:
         """Every file under `directory` in key order: a subdirectory sorts as its name and
