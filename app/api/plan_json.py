@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import orjson
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from app.domain.plan import Skipped
-from app.services.lifecycle.plan_parts import kept_pieces
+from app.services.lifecycle.plan_parts import json_pieces, kept_pieces
 from app.services.lifecycle.planning import CatalogPlan, PlanItem
 from app.services.lifecycle.snapshot import pause_gc
-
-PIECE = 5000  # entries per encoded piece
-T = TypeVar("T")
 
 
 def plan_response(make_plan: Callable[[], CatalogPlan]) -> StreamingResponse:
@@ -65,11 +62,11 @@ def plan_response(make_plan: Callable[[], CatalogPlan]) -> StreamingResponse:
 def plan_document(plan: CatalogPlan) -> Iterator[bytes]:
     """The plan's JSON, in pieces: actions, kept, skipped, totals."""
     yield b'{"actions":'
-    yield from _array(_pieces(plan.items, _action))
+    yield from _array(json_pieces(plan.items, _action))
     yield b',"kept":'  # a split plan's other ranges' arrive encoded by their helpers
     yield from _array(itertools.chain(kept_pieces(plan.kept), plan.kept_json))
     yield b',"skipped":'
-    yield from _array(_pieces(plan.skipped, _skipped))
+    yield from _array(json_pieces(plan.skipped, _skipped))
     yield b',"totals":'
     yield orjson.dumps(plan.totals())
     yield b"}"
@@ -85,12 +82,6 @@ def _array(pieces: Iterable[bytes]) -> Iterator[bytes]:
             yield piece if first else b"," + piece
             first = False
     yield b"]"
-
-
-def _pieces(entries: Sequence[T], entry: Callable[[T], dict[str, Any]]) -> Iterator[bytes]:
-    """`entries` encoded PIECE at a time: each piece the elements of an array."""
-    for start in range(0, len(entries), PIECE):
-        yield orjson.dumps([entry(e) for e in entries[start : start + PIECE]])[1:-1]
 
 
 def _action(item: PlanItem) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from app.api import plan_json
 from app.api.lifecycle_schemas import PlanRead
 from app.db.models import Action, Sweep
+from app.services.lifecycle import plan_parts
 from app.services.lifecycle.planning import CatalogPlan
 from tests.builders import (
     ago,
@@ -139,7 +140,7 @@ def test_the_answer_is_the_documented_one_whatever_the_size_of_its_pieces(
     give the same document, and that document is exactly what the response model
     describes, no field more or less."""
     whole = plan(client)
-    monkeypatch.setattr(plan_json, "PIECE", 4)
+    monkeypatch.setattr(plan_parts, "PIECE", 4)
     pieces = plan(client)
 
     assert pieces == whole

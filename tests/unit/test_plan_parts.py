@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from app.api.plan_json import plan_document
 from app.domain.plan import Kept
 from app.services.lifecycle.plan_parts import (
-    KEPT_PIECE,
+    PIECE,
     PlanPart,
     encode_kept,
     kept_pieces,
@@ -55,11 +55,11 @@ def test_encoded_parts_answer_like_evaluated_ones_in_the_ranges_order(
 
 
 def test_kept_pieces_hold_at_most_a_piece_of_entries_each() -> None:
-    kept = [Kept(f"ckpt_{n}", n, ("keep_last 3",)) for n in range(2 * KEPT_PIECE + 1)]
+    kept = [Kept(f"ckpt_{n}", n, ("keep_last 3",)) for n in range(2 * PIECE + 1)]
     pieces = list(kept_pieces(kept))
     assert len(pieces) == 3
     decoded = [orjson.loads(b"[" + piece + b"]") for piece in pieces]
-    assert [len(d) for d in decoded] == [KEPT_PIECE, KEPT_PIECE, 1]
-    last = 2 * KEPT_PIECE
+    assert [len(d) for d in decoded] == [PIECE, PIECE, 1]
+    last = 2 * PIECE
     (only,) = decoded[2]
     assert only == {"checkpoint_id": f"ckpt_{last}", "step": last, "reasons": ["keep_last 3"]}

@@ -47,9 +47,9 @@ ANALYZE_AFTER = 10_000  # checkpoints registered by one import before the catalo
 # What the evaluation after an import filters and joins on, and the small tables whose
 # estimates multiply into its plans (`projects`: autovacuum analyzes no table until 50 of
 # its rows changed; unanalyzed, it made PostgreSQL expect one run of the project where it
-# had 250, and look up 100,000 locations one by one). A whole-table ANALYZE also sorts a sample of
-# every other column: 0.40 s after 100,000 adopted checkpoints, against 0.15 s for these;
-# autovacuum analyzes the rest soon after.
+# had 250, and look up 100,000 locations one by one). A whole-table ANALYZE also sorts a
+# sample of every other column: 0.40 s after 100,000 adopted checkpoints, against 0.15 s
+# for these; autovacuum analyzes the rest soon after.
 ANALYZE_FOR_EVALUATION = (
     "ANALYZE checkpoints (id, run_id, state, locked_until), locations (checkpoint_id, role),"
     " runs, projects"

@@ -10,7 +10,7 @@ plan_helpers) and merge their parts; the second half runs once, over the merged 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -36,12 +36,13 @@ from app.services.lifecycle.plan_ledger import WorkKey, not_yet_again, planned_a
 from app.services.lifecycle.snapshot import Scope
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
+_E = TypeVar("_E")
 
 # Beyond this many runs of a project in scope, summing what was loaded costs more than
 # asking the database for the project's totals (kept per run).
 LOWER_BOUND_RUNS = 200
 
-KEPT_PIECE = 5000  # kept entries per encoded piece
+PIECE = 5000  # entries per encoded piece of a plan's answer
 
 # per project in scope: its runs loaded, and the (count, bytes) of their active
 # checkpoints when they are few enough to sum (at most LOWER_BOUND_RUNS runs)
@@ -113,19 +114,24 @@ class PlanPart:
         self.loaded = state["loaded"]
 
 
+def json_pieces(entries: Sequence[_E], entry: Callable[[_E], dict[str, Any]]) -> Iterator[bytes]:
+    """`entries` as a plan's answer lists them (each as `entry` makes it), PIECE at a time:
+    each piece the elements of a JSON array, without its brackets."""
+    for start in range(0, len(entries), PIECE):
+        yield orjson.dumps([entry(e) for e in entries[start : start + PIECE]])[1:-1]
+
+
+def _kept_entry(k: Kept) -> dict[str, Any]:
+    return {"checkpoint_id": k.checkpoint_id, "step": k.step, "reasons": k.reasons}
+
+
 def kept_pieces(kept: Sequence[Kept]) -> Iterator[bytes]:
-    """Kept checkpoints as a plan's answer lists them, KEPT_PIECE at a time: each piece the
-    elements of a JSON array, without its brackets. Encoded where they were evaluated, a
-    helper's kept checkpoints cross the pipe as bytes, and the process that answers (one,
-    whatever the number of helpers) neither unpickles nor encodes them: split in two, a
-    million-checkpoint plan's answer was written 0.14 s sooner, its share of the encoding
-    falling as the helpers grow in number."""
-    for start in range(0, len(kept), KEPT_PIECE):
-        entries = [
-            {"checkpoint_id": k.checkpoint_id, "step": k.step, "reasons": k.reasons}
-            for k in kept[start : start + KEPT_PIECE]
-        ]
-        yield orjson.dumps(entries)[1:-1]
+    """Kept checkpoints as a plan's answer lists them, in json_pieces. Encoded where they
+    were evaluated, a helper's kept checkpoints cross the pipe as bytes, and the process
+    that answers (one, whatever the number of helpers) neither unpickles nor encodes them:
+    split in two, a million-checkpoint plan's answer was written 0.14 s sooner, its share
+    of the encoding falling as the helpers grow in number."""
+    return json_pieces(kept, _kept_entry)
 
 
 def encode_kept(part: PlanPart) -> None:
