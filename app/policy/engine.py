@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from operator import itemgetter
 
 from app.domain.duration import format_duration, format_instant
 from app.domain.plan import CheckpointSnapshot, Kept, Plan, PlannedAction, RunSnapshot
@@ -155,21 +156,17 @@ def evaluate(
         if live_only
         else [c for c in checkpoints if c.state == "active" and c.run_id == run.id]
     )
-    # Worked out when first needed: most runs of a large catalog have nothing to do, and
-    # asking costs a pass over every checkpoint.
+    # Worked out when first needed by a sweep: most runs of a large catalog have nothing to
+    # do, and asking costs a pass over every checkpoint. An explained plan says of every
+    # kept checkpoint whether it is protected: it asks once, up front.
     protected_found: list[dict[str, str]] = []
-
-    def protection_of(checkpoint_id: str) -> str | None:
-        if not protected_found:
-            protected_found.append(protections(run, live, now, resumed_by_active))
-        return protected_found[0].get(checkpoint_id)
+    if explain:
+        protected_found.append(protections(run, live, now, resumed_by_active) if live else {})
 
     def is_protected(checkpoint_id: str) -> bool:
-        return protection_of(checkpoint_id) is not None
-
-    # not the named tuples' own constructors: a plan of a million checkpoints makes a
-    # million kept entries and 200,000 actions
-    new_tuple = tuple.__new__
+        if not protected_found:
+            protected_found.append(protections(run, live, now, resumed_by_active))
+        return checkpoint_id in protected_found[0]
 
     by_class: dict[str, list[CheckpointSnapshot]] = {}
     for c in live:
@@ -177,7 +174,7 @@ def evaluate(
     proposals: dict[str, list[tuple[str, str | None, str, str]]] = {}
     reasons: dict[str, list[str]] = {}
     described: dict[tuple[str, str, str | None], str] = {}
-    for rule in sorted(policy.rules, key=lambda r: r.name):
+    for rule in sorted(policy.rules, key=_name):
         classes = rule.classes
         if classes is not None and not any(k in by_class for k in classes):
             continue
@@ -191,19 +188,18 @@ def evaluate(
         if not members:
             continue
         kept = kept_by_rule(rule, members, now)
-        waiting = f"{rule.name}: waiting, {run_unmet}" if run_unmet else ""
         # "<rule>: <why>" once per distinct why: a million checkpoints share a handful of
         # reasons, as one string each (a keep clause's, an unmet condition's, a no-op's)
         said = _Said(f"{rule.name}: ")
+        if run_unmet is not None:  # explained: every member is kept, or waits for the run
+            _say_to_all(reasons, members, kept, said, f"{rule.name}: waiting, {run_unmet}")
+            continue
         waits = _Said(f"{rule.name}: waiting, ")
         for c in members:
             kept_as = kept.get(c.id)
             if kept_as is not None:
                 if explain:
                     reasons.setdefault(c.id, []).append(said(kept_as))
-                continue
-            if run_unmet is not None:
-                reasons.setdefault(c.id, []).append(waiting)
                 continue
             unmet = _checkpoint_unmet(rule, c, now)
             if unmet is not None:
@@ -222,54 +218,104 @@ def evaluate(
             if why is None:
                 why = described[rule.name, kind, target] = _describe(rule, kind, target)
             proposals.setdefault(c.id, []).append((kind, target, rule.name, why))
+    qualified = {r.name: f"{policy.name}/{r.name}" for r in policy.rules}
+    if not explain:
+        actions = [
+            action
+            for c in live
+            if c.id in proposals
+            for action in _actions_of(c, run.id, _resolve(proposals[c.id], tier_ranks), qualified)
+        ]
+        return Plan(actions=tuple(actions))
+    actions, kept_list = _explained(
+        live, run.id, proposals, reasons, protected_found[0], tier_ranks, qualified
+    )
+    return Plan(actions=tuple(actions), kept=tuple(kept_list))
+
+
+def _name(rule: Rule) -> str:
+    return rule.name
+
+
+_STEP = itemgetter(2)  # CheckpointSnapshot.step, read in C: a plan sorts a million of them
+# not the named tuples' own constructors: a plan of a million checkpoints makes a million
+# kept entries and 200,000 actions
+_new = tuple.__new__
+
+
+def _say_to_all(
+    reasons: dict[str, list[str]],
+    members: Sequence[CheckpointSnapshot],
+    kept: Mapping[str, str],
+    said: _Said,
+    waiting: str,
+) -> None:
+    """A rule waiting for its run (`run_ended`, `run_status`) proposes nothing: each member
+    is kept by a clause, or waits, with the same words as every other member that does."""
+    for c in members:
+        cid = c.id
+        kept_as = kept.get(cid) if kept else None
+        why = waiting if kept_as is None else said(kept_as)
+        given = reasons.get(cid)
+        if given is None:
+            reasons[cid] = [why]
+        else:
+            given.append(why)
+
+
+def _actions_of(
+    c: CheckpointSnapshot,
+    run_id: str,
+    chosen: list[tuple[str, str | None, str, str]],
+    qualified: Mapping[str, str],
+) -> list[PlannedAction]:
+    # PlannedAction's fields in order: checkpoint_id, run_id, step, kind, from_tier,
+    # to_tier, rule, reason, bytes
+    return [
+        _new(
+            PlannedAction,
+            (c.id, run_id, c.step, kind, c.tier, target, qualified[name], why, c.size_bytes),
+        )
+        for kind, target, name, why in chosen
+    ]
+
+
+def _explained(
+    live: Sequence[CheckpointSnapshot],
+    run_id: str,
+    proposals: Mapping[str, list[tuple[str, str | None, str, str]]],
+    reasons: Mapping[str, list[str]],
+    protected: Mapping[str, str],
+    tier_ranks: Mapping[str, int],
+    qualified: Mapping[str, str],
+) -> tuple[list[PlannedAction], list[Kept]]:
+    """Actions and kept checkpoints, newest step first, each kept one with every reason
+    it stays: its protection, then what the rules said of it in rule order."""
     actions: list[PlannedAction] = []
     kept_list: list[Kept] = []
     alike: dict[tuple[str, ...], tuple[str, ...]] = {}
-    ordered = (
-        sorted(live, key=lambda c: c.step, reverse=True)
-        if explain
-        else [c for c in live if c.id in proposals]
-    )
-    qualified = {r.name: f"{policy.name}/{r.name}" for r in policy.rules}
-    for c in ordered:
-        chosen = _resolve(proposals.get(c.id, []), tier_ranks)
-        for kind, target, rule_name, why in chosen:
-            # PlannedAction's fields in order: checkpoint_id, run_id, step, kind,
-            # from_tier, to_tier, rule, reason, bytes
-            actions.append(
-                new_tuple(
-                    PlannedAction,
-                    (
-                        c.id,
-                        run.id,
-                        c.step,
-                        kind,
-                        c.tier,
-                        target,
-                        qualified[rule_name],
-                        why,
-                        c.size_bytes,
-                    ),
-                )
-            )
-        if not explain:
-            continue
-        if not chosen:  # the usual case: kept, and why is all the rules said
-            protected_by = protection_of(c.id)
-            given = reasons.get(c.id)
+    for c in sorted(live, key=_STEP, reverse=True):
+        cid = c.id
+        proposed = proposals.get(cid)
+        if proposed is None:  # the usual case: kept, and why is all the rules said
+            protected_by = protected.get(cid)
+            given = reasons.get(cid)
             if protected_by is not None:
                 because = (protected_by, *given) if given else (protected_by,)
             else:
                 because = tuple(given) if given else _NO_RULE
             # most of a run's kept checkpoints stay for the same reasons: one tuple each
             because = alike.setdefault(because, because)
-            kept_list.append(new_tuple(Kept, (c.id, c.step, because)))
-        elif not any(kind == "delete" for kind, *_ in chosen):
-            protected_by = protection_of(c.id)
+            kept_list.append(_new(Kept, (cid, c.step, because)))
+            continue
+        chosen = _resolve(proposed, tier_ranks)
+        actions += _actions_of(c, run_id, chosen, qualified)
+        if not any(kind == "delete" for kind, *_ in chosen):
+            protected_by = protected.get(cid)
             why_kept = [protected_by] if protected_by is not None else []
-            why_kept += [why for *_, why in chosen] + reasons.get(c.id, [])
-            kept_list.append(Kept(c.id, c.step, tuple(why_kept)))
-    return Plan(actions=tuple(actions), kept=tuple(kept_list))
+            why_kept += [why for *_, why in chosen] + reasons.get(cid, [])
+            kept_list.append(Kept(cid, c.step, tuple(why_kept)))
+    return actions, kept_list
 
 
 class _Said(dict[str, str]):

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from app.domain.duration import format_duration
 from app.domain.plan import CheckpointSnapshot
 from app.policy.schema import CALENDAR_CLAUSES, Rule
 
 Bucket = Callable[[datetime], int]
+_T = TypeVar("_T")
 
 BUCKETS: dict[str, Bucket] = {
     "keep_hourly": lambda t: t.year * 1_000_000 + t.month * 10_000 + t.day * 100 + t.hour,
@@ -28,7 +30,7 @@ def _utc(t: datetime) -> datetime:
     return t if t.tzinfo is None else t.astimezone(UTC)
 
 
-def _limit(items: Sequence[CheckpointSnapshot], count: int) -> Sequence[CheckpointSnapshot]:
+def _limit(items: Sequence[_T], count: int) -> Sequence[_T]:
     return items if count == -1 else items[:count]
 
 
@@ -43,11 +45,20 @@ def keep_best(
 ) -> dict[str, str]:
     label = f"keep_best {count} by {mode} {metric}"
     missing = f"{label} (metric missing)"
-    kept = {c.id: missing for c in checkpoints if metric not in c.metrics}
-    scored = [c for c in checkpoints if metric in c.metrics]
+    kept: dict[str, str] = {}
     sign = 1 if mode == "min" else -1
-    scored.sort(key=lambda c: (sign * c.metrics[metric], -c.step))
-    kept.update({c.id: label for c in _limit(scored, count)})
+    # best first, the higher step first among equals, then the order given: decorated
+    # tuples sorted in C rather than a key function called per checkpoint (a plan ranks
+    # every run's milestones)
+    ranked: list[tuple[float, int, int, str]] = []
+    for position, c in enumerate(checkpoints):
+        found = c.metrics
+        if metric in found:
+            ranked.append((sign * found[metric], -c.step, position, c.id))
+        else:
+            kept[c.id] = missing
+    ranked.sort()
+    kept.update((cid, label) for *_, cid in _limit(ranked, count))
     return kept
 
 

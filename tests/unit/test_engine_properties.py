@@ -21,6 +21,7 @@ from tests.unit.engine_builders import (
     make_run,
     plan_for,
 )
+from tests.unit.engine_oracle import evaluate_plainly
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -343,3 +344,24 @@ def test_a_caller_that_passes_only_live_checkpoints_gets_the_same_plan(
     ranks = TIER_RANKS
     filtered = evaluate(policy, run, live, NOW, tier_ranks=ranks, explain=explain, live_only=True)
     assert filtered == evaluate(policy, run, checkpoints, NOW, tier_ranks=ranks, explain=explain)
+
+
+@PROPERTY
+@given(policy_dicts(), runs(), checkpoint_lists(), st.booleans(), st.data())
+def test_the_engine_says_what_the_plain_reading_of_the_contract_says(
+    data: dict[str, Any],
+    run: RunSnapshot,
+    checkpoints: list[CheckpointSnapshot],
+    explain: bool,
+    draws: st.DataObject,
+) -> None:
+    """The engine's fast paths (reasons said once per rule, protections worked out when
+    first needed, a rule waiting for its run said to all its members at once) change
+    nothing: the same actions, the same kept checkpoints with the same reasons in the same
+    order, as the oracle that walks every rule over every checkpoint."""
+    policy = make_policy(data)
+    ids = sorted({c.id for c in checkpoints})
+    resumed = draws.draw(st.lists(st.sampled_from(ids), max_size=2)) if ids else []
+    options: dict[str, Any] = {"tier_ranks": TIER_RANKS, "resumed_by_active": resumed}
+    expected = evaluate_plainly(policy, run, checkpoints, NOW, explain=explain, **options)
+    assert evaluate(policy, run, checkpoints, NOW, explain=explain, **options) == expected
