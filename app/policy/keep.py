@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import TypeVar
 
 from app.domain.duration import format_duration
@@ -15,6 +16,7 @@ from app.policy.schema import CALENDAR_CLAUSES, Rule
 
 Bucket = Callable[[datetime], int]
 _T = TypeVar("_T")
+_STEP = itemgetter(2)  # CheckpointSnapshot.step, read in C
 
 BUCKETS: dict[str, Bucket] = {
     "keep_hourly": lambda t: t.year * 1_000_000 + t.month * 10_000 + t.day * 100 + t.hour,
@@ -35,7 +37,7 @@ def _limit(items: Sequence[_T], count: int) -> Sequence[_T]:
 
 
 def keep_last(checkpoints: Sequence[CheckpointSnapshot], count: int) -> dict[str, str]:
-    newest = sorted(checkpoints, key=lambda c: c.step, reverse=True)
+    newest = sorted(checkpoints, key=_STEP, reverse=True)
     label = f"keep_last {count}"
     return {c.id: label for c in _limit(newest, count)}
 
