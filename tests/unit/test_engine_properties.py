@@ -362,6 +362,11 @@ def test_the_engine_says_what_the_plain_reading_of_the_contract_says(
     policy = make_policy(data)
     ids = sorted({c.id for c in checkpoints})
     resumed = draws.draw(st.lists(st.sampled_from(ids), max_size=2)) if ids else []
+    undeleted = draws.draw(st.lists(st.sampled_from(ids), max_size=3)) if ids else []
+    until = draws.draw(st.sampled_from((NOW - timedelta(hours=1), NOW + timedelta(hours=1))))
+    checkpoints = [
+        c._replace(protected_until=until) if c.id in undeleted else c for c in checkpoints
+    ]
     options: dict[str, Any] = {"tier_ranks": TIER_RANKS, "resumed_by_active": resumed}
     expected = evaluate_plainly(policy, run, checkpoints, NOW, explain=explain, **options)
     assert evaluate(policy, run, checkpoints, NOW, explain=explain, **options) == expected
