@@ -80,3 +80,17 @@ def evaluate_plainly(
             whys = [why for *_, why in chosen]
             kept_list.append(Kept(c.id, c.step, (*protected_by, *whys, *reasons.get(c.id, []))))
     return Plan(actions=tuple(actions), kept=tuple(kept_list))
+
+
+def keep_best_plainly(
+    checkpoints: Sequence[CheckpointSnapshot], metric: str, mode: str, count: int
+) -> dict[str, str]:
+    """`keep_best` as the contract reads: the `count` best by the metric (ties: the higher
+    step), and every checkpoint without the metric, kept."""
+    label = f"keep_best {count} by {mode} {metric}"
+    kept = {c.id: f"{label} (metric missing)" for c in checkpoints if metric not in c.metrics}
+    scored = [c for c in checkpoints if metric in c.metrics]
+    sign = 1 if mode == "min" else -1
+    scored.sort(key=lambda c: (sign * c.metrics[metric], -c.step))
+    best = scored if count == -1 else scored[:count]
+    return {**kept, **{c.id: label for c in best}}

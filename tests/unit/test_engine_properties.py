@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from app.domain.plan import CheckpointSnapshot, Plan, RunSnapshot
 from app.policy.engine import evaluate
+from app.policy.keep import keep_best
 from tests.unit.engine_builders import (
     NOW,
     TIER_RANKS,
@@ -21,7 +22,7 @@ from tests.unit.engine_builders import (
     make_run,
     plan_for,
 )
-from tests.unit.engine_oracle import evaluate_plainly
+from tests.unit.engine_oracle import evaluate_plainly, keep_best_plainly
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -370,3 +371,20 @@ def test_the_engine_says_what_the_plain_reading_of_the_contract_says(
     options: dict[str, Any] = {"tier_ranks": TIER_RANKS, "resumed_by_active": resumed}
     expected = evaluate_plainly(policy, run, checkpoints, NOW, explain=explain, **options)
     assert evaluate(policy, run, checkpoints, NOW, explain=explain, **options) == expected
+
+
+@PROPERTY
+@given(
+    checkpoint_lists(),
+    st.sampled_from(("loss", "acc")),
+    st.sampled_from(("min", "max")),
+    counts,
+)
+def test_keep_best_keeps_what_the_plain_ranking_keeps(
+    checkpoints: list[CheckpointSnapshot], metric: str, mode: str, count: int
+) -> None:
+    """keep_best ranks decorated tuples for speed: the same checkpoints kept, with the same
+    words, as ranking them with a key per checkpoint."""
+    assert keep_best(checkpoints, metric, mode, count) == keep_best_plainly(
+        checkpoints, metric, mode, count
+    )
