@@ -20,7 +20,7 @@ run: $(STAMP)
 # The training frameworks' environment is built once per machine, outside the clone.
 test: $(STAMP)
 	bash tests/console/chromium.sh
-	CKPT_FRAMEWORKS_PYTHON="$$(bash tests/frameworks/env.sh)" $(BIN)/pytest -n 2 --dist loadfile --durations=40
+	CKPT_FRAMEWORKS_PYTHON="$$(bash tests/frameworks/env.sh)" $(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 # The console's pictures in docs/console/, taken by its browser tests (on SQLite).
 screenshots: $(STAMP)

@@ -226,22 +226,38 @@ def no_secret_in_any_log() -> Iterator[_LogSink]:
     assert not leaked, f"token secrets in {len(leaked)} log lines, e.g. {leaked[0][:300]}"
 
 
-# The longest modules, started first: with `-n 2 --dist loadfile` the files are handed out
-# in collection order, and the ten-minute concurrency test collected last left one worker
-# idle for most of its run. Started first, everything else runs beside it.
+# The longest modules, started first, longest first (seconds of one run, Dec 2026): with
+# `-n 2 --dist loadfile --no-loadscope-reorder` (the Makefile's) the files are handed out in
+# collection order, each to whichever worker is free. xdist's own order, by number of tests,
+# started the one-test, two-minute concurrency module last: one worker ran it alone for
+# over a minute at the end of the run.
 LONGEST_FIRST = (
-    "tests/reliability/test_many_processes.py",
-    "tests/frameworks/test_dcp.py",
-    "tests/frameworks/test_import_trees.py",
+    "tests/frameworks/test_dcp.py",  # 130 s
+    "tests/reliability/test_many_processes.py",  # 113 s
+    "tests/reliability/test_crash.py",  # 100 s
+    "tests/client/test_outage_next_call.py",  # 86 s
+    "tests/frameworks/test_lightning.py",  # 74 s
+    "tests/integration/test_shadow_equivalence.py",  # 65 s
+    "tests/frameworks/test_transformers.py",  # 62 s
+    "tests/client/test_outage_flush.py",  # 58 s
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
+    """LONGEST_FIRST, then the other modules by their number of tests, most first (what
+    xdist's reordering does): the many short ones even out the two workers' ends."""
+    counts: dict[str, int] = {}
+    for item in items:
         path = item.nodeid.split("::", 1)[0]
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+        counts[path] = counts.get(path, 0) + 1
 
-    items.sort(key=rank)  # stable: the order within each module, and of the rest, is kept
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        if path in LONGEST_FIRST:
+            return LONGEST_FIRST.index(path), 0
+        return len(LONGEST_FIRST), -counts[path]
+
+    items.sort(key=rank)  # stable: the order within each module, and among equals, is kept
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
