@@ -49,27 +49,29 @@ def record_next_due(
     session: Session, evaluated: Iterable[tuple[str, datetime | None, datetime | None]]
 ) -> None:
     """(run id, next_due_at as read, next change found) of each run evaluated: write the
-    change found (NEVER for none) where nothing marked the run since it was read."""
-    unchanged: list[dict[str, object]] = []
-    first: list[dict[str, object]] = []
-    for run_id, seen, found in evaluated:
-        row: dict[str, object] = {"rid": run_id, "seen": seen, "due": found or NEVER}
-        (first if seen is None else unchanged).append(row)
+    change found (NEVER for none) where nothing marked the run since it was read.
+
+    The guard is `IS NOT DISTINCT FROM`, which no index serves, rather than `=`, so that
+    the primary key alone finds the row. Many runs share one next_due_at (NEVER, or the
+    instant of the sweep that last wrote them), and on statistics taken before a sweep
+    wrote them PostgreSQL read the value's whole entry in ix_runs_next_due_at instead: at
+    10,000 runs this statement took 2 ms of a registration's 15 ms evaluation, and it grew
+    with the runs that share the value. It also matches a run never evaluated (NULL)."""
+    rows: list[dict[str, object]] = [
+        {"rid": run_id, "seen": seen, "due": found or NEVER} for run_id, seen, found in evaluated
+    ]
+    if not rows:
+        return
     table = Run.metadata.tables["runs"]
-    if unchanged:
-        session.execute(
-            update(table)
-            .where(table.c.id == bindparam("rid"), table.c.next_due_at == bindparam("seen"))
-            .values(next_due_at=bindparam("due")),
-            _params(unchanged),
+    session.execute(
+        update(table)
+        .where(
+            table.c.id == bindparam("rid"),
+            table.c.next_due_at.is_not_distinct_from(bindparam("seen")),
         )
-    if first:
-        session.execute(
-            update(table)
-            .where(table.c.id == bindparam("rid"), table.c.next_due_at.is_(None))
-            .values(next_due_at=bindparam("due")),
-            _params([{"rid": r["rid"], "due": r["due"]} for r in first]),
-        )
+        .values(next_due_at=bindparam("due")),
+        _params(rows),
+    )
 
 
 def _params(rows: list[dict[str, object]]) -> list[dict[str, object]] | dict[str, object]:
