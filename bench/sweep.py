@@ -276,7 +276,7 @@ def registration_prunes(
 
     The first prune is timed apart (returned second) and left out of the samples: it is
     the process's first evaluation of a single run, and builds and prepares that path's
-    statements (about 50 ms here), once in a service's life. The samples are what every
+    statements (21-55 ms here), once in a service's life. The samples are what every
     later registration costs."""
     active = [r for r in run_ids if int(r[4:12]) % 5 != 0]  # load_runs: every fifth ended
     took: list[float] = []
