@@ -36,6 +36,16 @@ import yaml
 from psycopg.types.json import Json
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def this_checkout(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a `ckpt` process that runs this checkout's code. The command is the
+    virtual environment's, whose editable install points at the checkout it was made in:
+    a benchmark run from a second checkout (one build against another) would otherwise
+    time the first checkout's service."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
+
+
 sys.path.insert(0, str(ROOT))
 
 from app.db.migrate import upgrade  # noqa: E402
@@ -402,7 +412,7 @@ class Server:
             self.proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "ckpt"), "api", "--workers", str(workers)],
                 cwd=ROOT,
-                env=env,
+                env=this_checkout(env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -474,7 +484,7 @@ class TieredServer(Server):
             self.proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "ckpt"), "api"],
                 cwd=ROOT,
-                env=environ,
+                env=this_checkout(environ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -133,6 +133,9 @@ class Service:
             "CKPT_DATA_DIR": str(work / "data"),
             "CKPT_AUTH": "off",
             "CKPT_TRASH_RETENTION": "7d",
+            # this checkout's code, whichever checkout the environment's editable install
+            # points at (bench.register.this_checkout)
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.log = work / "ckpt.log"
         self.ckpt("migrate")
