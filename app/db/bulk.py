@@ -5,8 +5,12 @@ thousands of parameters that psycopg parses again for every batch, which cost mo
 the insert itself when an import registers a thousand checkpoints at a time. On
 PostgreSQL the rows travel instead as one array per column, unnested server-side:
 `INSERT ... SELECT ... FROM unnest(...)`, a short statement with one parameter per
-column, whatever the number of rows. SQLite takes the plain executemany, which it runs
-in process.
+column, whatever the number of rows. Rows that need neither a conflict skipped nor a
+column returned travel by COPY instead: psycopg formats each row in C where each array
+was built element by element in Python, and PostgreSQL reads the rows without the
+unnest (an import's locations, audit events and items; a sweep's actions: 30,000 wide
+rows took 0.39 s of the client's CPU and 0.44 s of the server's, against 0.44 s and
+0.63 s through unnest). SQLite takes the plain executemany, which it runs in process.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def bulk_insert(
             return []
         return list(session.execute(stmt.returning(table.c[returning]), list(rows)).scalars())
     names = list(rows[0])
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    if not ignore_conflicts and returning is None:
+        _copy(driver, table, names, rows)
+        return []
     arrays, selected, params = [], [], {}
     for position, name in enumerate(names):
         key = f"c{position}"
@@ -71,8 +80,25 @@ def bulk_insert(
         sql += " ON CONFLICT DO NOTHING"
     if returning is not None:
         sql += f' RETURNING "{returning}"'
-    driver = session.connection().connection.driver_connection
-    assert driver is not None
     with driver.cursor() as cursor:
         cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()] if returning is not None else []
+
+
+def _copy(driver: Any, table: Table, names: list[str], rows: Sequence[dict[str, Any]]) -> None:
+    """`rows` by COPY, in the text format: PostgreSQL parses each value as its column's
+    type, JSON columns' values encoded here as the unnest path encodes them."""
+    as_json = [isinstance(table.c[name].type, JSON) for name in names]
+    columns = ", ".join(f'"{name}"' for name in names)
+    with (
+        driver.cursor() as cursor,
+        cursor.copy(f'COPY "{table.name}" ({columns}) FROM STDIN') as copy,
+    ):
+        write = copy.write_row
+        if not any(as_json):
+            for row in rows:
+                write([row[name] for name in names])
+            return
+        pairs = list(zip(names, as_json, strict=True))
+        for row in rows:
+            write([_json(row[name]) if encoded else row[name] for name, encoded in pairs])
