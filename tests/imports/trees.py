@@ -28,7 +28,10 @@ def hf_tree(run: str, steps: Iterable[int], *, evals: bool = True) -> Tree:
         history.append({"step": step, "loss": 1.0 / step})
         if evals:
             history.append({"step": step, "eval_loss": 2.0 / step})
-        state = {"global_step": step, "log_history": list(history)}
+        # Python's json (the Trainer's) writes NaN, which strict JSON parsers refuse: the
+        # best metric of a run that diverged, here in every other checkpoint's state
+        best = float("nan") if step % 200 == 0 else None
+        state = {"global_step": step, "best_metric": best, "log_history": list(history)}
         base = f"{run}/checkpoint-{step}"
         tree[f"{base}/model.safetensors"] = b"w" * (100 + step)
         tree[f"{base}/optimizer.pt"] = b"o" * 200
