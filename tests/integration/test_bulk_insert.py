@@ -123,5 +123,7 @@ def test_conflicting_rows_are_skipped_and_only_the_inserted_returned(
         session.commit()
         assert sorted(first) == [f"ckpt_{n}" for n in range(5)]
         assert sorted(again) == [f"ckpt_{n}" for n in range(5, 8)]
+        # the rows of the batch that met a conflict went in once each, and nothing else
+        assert sorted(session.scalars(select(Checkpoint.id))) == [f"ckpt_{n}" for n in range(8)]
         files = {i: f for i, f in session.execute(select(Checkpoint.id, Checkpoint.files))}
         assert files["ckpt_6"] == [{"path": AWKWARD[6], "size_bytes": 6}]
