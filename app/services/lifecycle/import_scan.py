@@ -214,24 +214,36 @@ def _child(argv: list[str]) -> int:
     configure_logging(os.environ.get("CKPT_LOG_LEVEL", "INFO").upper())
     job = ScanJob(**json.loads(argv[0]))
     assert job.local_root is not None
-    out = sys.stdout.buffer
-    send: Callable[[Any], None] = partial(pickle.dump, file=out, protocol=pickle.HIGHEST_PROTOCOL)
+    out = sys.stdout.fileno()
+
+    def send(message: tuple[str, Any]) -> None:
+        _write_all(out, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
     try:
         try:
             for piece in scan(LocalStorage(job.local_root), job):
                 send(("piece", piece))
-                out.flush()
             send(("end", None))
         except BrokenPipeError:
             raise
         except Exception as error:  # reported to the import, where its caller looks
             log.exception("import listing failed")
             send(("error", str(error)))
-        out.flush()
     except BrokenPipeError:  # the importing process is gone: nobody to tell
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out)
         return 1
     return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of `data`, however many writes the pipe takes. A write to a full pipe returns
+    short when the writing process is stopped and continued (SIGSTOP, a frozen
+    container, a debugger); pickled through the buffered `sys.stdout.buffer`, such a
+    listing reached the importing process corrupt (reproduced: an import failed with
+    an unpickling error), written this way it arrives whole."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 # --- candidates -----------------------------------------------------------------------------
