@@ -60,7 +60,7 @@ def bulk_insert(
     if not ignore_conflicts and returning is None:
         _copy(driver, table, names, rows)
         return []
-    if returning is None or returning in names:
+    if ignore_conflicts and (returning is None or returning in names):
         # Conflicts are rare (an import's step a registration took meanwhile): try COPY
         # first, and when it meets one, undo it and skip the conflicts row by row below.
         driver.execute("SAVEPOINT bulk_copy")
@@ -108,11 +108,6 @@ def _copy(driver: Any, table: Table, names: list[str], rows: Sequence[dict[str, 
         driver.cursor() as cursor,
         cursor.copy(f'COPY "{table.name}" ({columns}) FROM STDIN') as copy,
     ):
-        write = copy.write_row
-        if not any(as_json):
-            for row in rows:
-                write([row[name] for name in names])
-            return
         pairs = list(zip(names, as_json, strict=True))
         for row in rows:
-            write([_json(row[name]) if encoded else row[name] for name, encoded in pairs])
+            copy.write_row([_json(row[name]) if encoded else row[name] for name, encoded in pairs])
