@@ -5,6 +5,7 @@ helper that dies or is missing costs time, never the plan."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -433,3 +434,43 @@ def test_a_helper_stopped_and_continued_hands_its_part_over_whole(
     assert stops > 10
     assert "plan helper" not in caplog.text  # every part came from the helper, none failed
     assert [p.pid for p in helpers_alive()] == [helper.pid]
+
+
+def test_a_frozen_helper_costs_time_not_the_plan(
+    app: FastAPI,
+    split_everything: None,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper stopped for good (a frozen container, a debugger left attached) would keep
+    every plan, and a sweep with the evaluation lock, waiting for its part: past its
+    patience the plan kills it and evaluates the range here; the next plan has a new one."""
+    build(
+        app, [RunShape(n % 3, None if n % 2 else 3, (("milestone", 5, 10),) * 3) for n in range(20)]
+    )
+    expected = comparable(planned(app, 1))
+    if app.state.engine.dialect.name == "sqlite":
+        assert comparable(planned(app, 2)) == expected and helpers_alive() == []
+        return
+    assert comparable(planned(app, 2)) == expected  # starts the helper
+    (helper,) = helpers_alive()
+    monkeypatch.setattr(plan_helpers, "HELPER_PATIENCE_S", 1.0)
+    plans: list[CatalogPlan] = []
+    planner = threading.Thread(target=lambda: plans.append(planned(app, 2)), daemon=True)
+    os.kill(helper.pid or 0, signal.SIGSTOP)
+    try:
+        planner.start()
+        planner.join(timeout=60)  # its patience (1 s here) and the range, not for ever
+        hung = planner.is_alive()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper.pid or 0, signal.SIGCONT)  # a plan still waiting ends now
+        planner.join(timeout=60)
+    assert not hung, "a plan waited a minute for a stopped helper"
+    assert comparable(plans[0]) == expected  # planned here instead
+    assert "plan helper too slow" in caplog.text
+    helper.join(timeout=10)
+    assert helper.exitcode == -signal.SIGKILL  # killed, not left stopped
+    assert comparable(planned(app, 2)) == expected  # by a new helper
+    (replacement,) = helpers_alive()
+    assert replacement.pid != helper.pid

@@ -11,8 +11,9 @@ on the merged parts (app.services.lifecycle.planning), so a split plan is the pl
 
 Helpers are started (spawned, never forked from a threaded server) by the first plan
 that needs them and live as long as this process; each serves one part at a time. A
-range that finds no helper free, or whose helper failed or died, is evaluated here:
-a split plan is never worse than the plan it replaces. Only on PostgreSQL: the embedded
+range that finds no helper free, or whose helper failed, died or was not done in time
+(HELPER_PATIENCE_S), is evaluated here: a split plan is never worse than the plan it
+replaces. Only on PostgreSQL: the embedded
 SQLite catalog is meant for catalogs far below the split's size.
 """
 
@@ -24,6 +25,7 @@ import multiprocessing
 import pickle
 import signal
 import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -64,6 +66,11 @@ EXPLAINED_FIRST_RANGE = 115
 # A service starting on a large catalog waits this long at most for its helpers (they
 # import what a part needs in about a second): its first plan then finds them ready.
 WARM_WAIT_S = 10.0
+# How long a plan waits for a helper's part once its own range is done: as long again as
+# that range took, and never less than this. A helper that is not done by then (frozen,
+# stopped, or on a machine far busier than its work) is killed and its range evaluated
+# here: a sweep holds the evaluation lock, and no helper may keep cleanup waiting for ever.
+HELPER_PATIENCE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -175,10 +182,16 @@ class _Reply:
         except BaseException as error:  # handed to the waiting plan
             self._failure = error
 
-    def part(self) -> PlanPart:
-        """The helper's part; raises OSError or EOFError when the helper died, and
-        RuntimeError when it failed to plan."""
-        self._thread.join()
+    def wait_read(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def part(self, deadline: float) -> PlanPart:
+        """The helper's part; raises OSError or EOFError when the helper died, TimeoutError
+        (an OSError) when it is not in by `deadline` (time.monotonic), and RuntimeError when
+        it failed to plan."""
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            raise TimeoutError("its part was not in by the deadline")
         if self._failure is not None:
             raise self._failure
         assert self._data is not None
@@ -331,12 +344,15 @@ def evaluate_in_parts(
                 _POOL.give_back(helper, alive=False)
                 helper = None
         asked.append((request, helper, reply))
+    started = time.monotonic()
     try:
         first = _Request(url, inputs, ranges[0], project, projects, sorted(metrics))
         part, scope = _read_part(session, first)
         parts = [part]
     finally:
-        replies = [_collect(helper, reply) for _, helper, reply in asked]
+        now = time.monotonic()
+        deadline = now + max(HELPER_PATIENCE_S, now - started)
+        replies = [_collect(helper, reply, deadline) for _, helper, reply in asked]
     for (request, _, _), got in zip(asked, replies, strict=True):
         if got is None:  # no helper, or it failed: this process evaluates the range
             got, _read = _read_part(session, request)
@@ -345,11 +361,17 @@ def evaluate_in_parts(
     return scope, merge_parts(parts)
 
 
-def _collect(helper: _Helper | None, reply: _Reply | None) -> PlanPart | None:
+def _collect(helper: _Helper | None, reply: _Reply | None, deadline: float) -> PlanPart | None:
     if helper is None or reply is None:
         return None
     try:
-        part = reply.part()
+        part = reply.part(deadline)
+    except TimeoutError:
+        log.warning("plan helper too slow", extra={"pid": helper.process.pid})
+        helper.process.kill()  # stopped or frozen: its end of the pipe closes with it
+        reply.wait_read(5.0)  # the reader sees the end before the pipe is closed here
+        _POOL.give_back(helper, alive=False)
+        return None
     except (EOFError, OSError) as error:
         log.warning("plan helper gone", extra={"error": str(error) or type(error).__name__})
         with contextlib.suppress(OSError):
