@@ -1,6 +1,7 @@
 """A full plan reads its million checkpoints through stream_rows: batches read ahead by a
 thread on PostgreSQL. What a caller relies on: every row once and in order, a connection
-left usable when it stops early, and a failing row's error raised in its own thread."""
+left usable when it stops early, and a failing row's error raised in its own thread;
+whichever way PostgreSQL's rows arrive (in chunks of one result, or through a cursor)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy import BigInteger, Column, Engine, MetaData, Table, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from app.db import streaming
 from app.db.streaming import stream_rows
 
 ROWS = 40
@@ -21,8 +23,16 @@ SMALLEST = -9223372036854775808  # abs() of it overflows a 64-bit integer on bot
 numbers = Table("stream_numbers", MetaData(), Column("n", BigInteger), prefixes=["TEMPORARY"])
 
 
-@pytest.fixture
-def session(clean_engine: Engine) -> Iterator[Session]:
+@pytest.fixture(params=["chunks", "cursor"])
+def session(
+    clean_engine: Engine, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Session]:
+    """On PostgreSQL, read as one result in chunks (libpq 17 and later) and through a
+    server-side cursor (an older libpq)."""
+    if request.param == "cursor":
+        monkeypatch.setattr(streaming, "CHUNKED", False)
+    elif not streaming.CHUNKED:
+        pytest.fail("this libpq reads no result in chunks: psycopg[binary] bundles one that does")
     with Session(clean_engine) as session:
         numbers.create(session.connection())
         yield session
@@ -81,3 +91,16 @@ def test_a_failing_row_raises_in_the_callers_thread(session: Session) -> None:
     assert seen[:28] == list(range(28))  # the batches before the failing row's arrived
     assert SMALLEST not in seen and len(seen) < ROWS
     assert not readers()
+
+
+def test_stopping_early_in_a_large_result_cancels_it(session: Session) -> None:
+    """Four million rows, two batches read: the rest is neither produced nor read (on
+    PostgreSQL the query is cancelled), and the transaction goes on."""
+    fill(session, list(range(2000)))
+    other = numbers.alias("other")
+    stmt = select(numbers.c.n, other.c.n).select_from(numbers.join(other, numbers.c.n >= 0))
+    stream = stream_rows(session, stmt, batch=1000)
+    assert [len(next(stream)), len(next(stream))] == [1000, 1000]
+    stream.close()
+    assert not readers()
+    assert session.execute(select(func.count()).select_from(numbers)).scalar_one() == 2000
