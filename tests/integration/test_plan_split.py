@@ -406,9 +406,12 @@ def test_a_helper_stopped_and_continued_hands_its_part_over_whole(
     def stop_and_continue() -> None:
         nonlocal stops
         while not done.is_set():
-            os.kill(helper.pid or 0, signal.SIGSTOP)
-            time.sleep(0.001)
-            os.kill(helper.pid or 0, signal.SIGCONT)
+            try:
+                os.kill(helper.pid or 0, signal.SIGSTOP)
+                time.sleep(0.001)
+                os.kill(helper.pid or 0, signal.SIGCONT)
+            except ProcessLookupError:  # the helper is gone: the checks below say so
+                return
             stops += 1
             time.sleep(0.002)
 

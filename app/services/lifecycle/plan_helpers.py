@@ -13,8 +13,8 @@ Helpers are started (spawned, never forked from a threaded server) by the first 
 that needs them and live as long as this process; each serves one part at a time. A
 range that finds no helper free, or whose helper failed, died or was not done in time
 (HELPER_PATIENCE_S), is evaluated here: a split plan is never worse than the plan it
-replaces. Only on PostgreSQL: the embedded
-SQLite catalog is meant for catalogs far below the split's size.
+replaces. Only on PostgreSQL: the embedded SQLite catalog is meant for catalogs far
+below the split's size.
 """
 
 from __future__ import annotations
@@ -183,6 +183,8 @@ class _Reply:
             self._failure = error
 
     def wait_read(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the reading thread to end (a killed helper's
+        pipe reads as ended)."""
         self._thread.join(timeout)
 
     def part(self, deadline: float) -> PlanPart:
