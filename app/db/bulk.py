@@ -26,7 +26,7 @@ from sqlalchemy import JSON, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.db.dialect import on_postgresql
+from app.db.dialect import on_postgresql, savepoint
 
 _PG = postgresql.dialect()  # type: ignore[no-untyped-call]
 
@@ -63,13 +63,12 @@ def bulk_insert(
     if ignore_conflicts and (returning is None or returning in names):
         # Conflicts are rare (an import's step a registration took meanwhile): try COPY
         # first, and when it meets one, undo it and skip the conflicts row by row below.
-        driver.execute("SAVEPOINT bulk_copy")
         try:
-            _copy(driver, table, names, rows)
+            with savepoint(driver, "bulk_copy"):
+                _copy(driver, table, names, rows)
         except (UniqueViolation, ExclusionViolation):
-            driver.execute("ROLLBACK TO SAVEPOINT bulk_copy")  # undone whole
+            pass  # undone whole
         else:  # every row went in: what they return is theirs
-            driver.execute("RELEASE SAVEPOINT bulk_copy")
             return [row[returning] for row in rows] if returning is not None else []
     arrays, selected, params = [], [], {}
     for position, name in enumerate(names):

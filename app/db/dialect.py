@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, any_, bindparam, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
@@ -109,6 +110,23 @@ def try_session_lock(factory: sessionmaker[Session], key: int) -> Iterator[bool]
             if got:
                 connection.execute(text("SELECT pg_advisory_unlock(:key)"), params)
                 connection.commit()
+
+
+@contextmanager
+def savepoint(driver: psycopg.Connection[Any], name: str) -> Iterator[None]:
+    """A PostgreSQL savepoint on the driver's connection, inside the caller's transaction:
+    released when the block ends, rolled back to when it raises (or a generator holding it
+    is closed), the error going on to the caller. psycopg's own `transaction()` is no
+    substitute here: on a connection with no statement run yet it begins and commits a
+    transaction of its own, under SQLAlchemy's feet."""
+    driver.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        with suppress(psycopg.Error):  # a broken connection: the caller's error says more
+            driver.execute(f"ROLLBACK TO SAVEPOINT {name}")
+        raise
+    driver.execute(f"RELEASE SAVEPOINT {name}")
 
 
 def fetch_all(session: Session, stmt: Select, *, many: bool = True) -> list[Any]:  # type: ignore[type-arg]

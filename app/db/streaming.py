@@ -30,7 +30,7 @@ import psycopg
 from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
-from app.db.dialect import on_postgresql
+from app.db.dialect import on_postgresql, savepoint
 
 BATCH = 50_000  # rows per fetch: a few MB of tuples, and a round trip per 50,000 rows
 CHUNKED = psycopg.capabilities.has_stream_chunked()  # libpq 17 or later
@@ -59,20 +59,10 @@ def stream_rows(
         # A generator holding the connection until its last row, or until it is closed:
         # then psycopg cancels the query, which aborts what it ran in. Under a savepoint,
         # the caller's transaction goes on, as it does after a cursor is closed.
-        driver.execute("SAVEPOINT ckpt_stream")
-        done = False
-        try:
-            with driver.cursor(binary=True) as cursor:
-                rows = cursor.stream(sql, params, size=batch)
-                with contextlib.closing(rows):
-                    yield from _batches(lambda: list(itertools.islice(rows, batch)), batch)
-            done = True
-        finally:
-            if done:
-                driver.execute("RELEASE SAVEPOINT ckpt_stream")
-            else:  # stopped early, or failed: then the failure is the caller's to see
-                with contextlib.suppress(psycopg.Error):
-                    driver.execute("ROLLBACK TO SAVEPOINT ckpt_stream")
+        with savepoint(driver, "ckpt_stream"), driver.cursor(binary=True) as cursor:
+            rows = cursor.stream(sql, params, size=batch)
+            with contextlib.closing(rows):
+                yield from _batches(lambda: list(itertools.islice(rows, batch)), batch)
         return
     # A cursor is planned for its first rows by default (a tenth of them); these are all
     # read, so they are planned as a plain query is, and get its hash joins.

@@ -372,7 +372,8 @@ def _collect(helper: _Helper | None, reply: _Reply | None, deadline: float) -> P
         log.warning("plan helper too slow", extra={"pid": helper.process.pid})
         helper.process.kill()  # stopped or frozen: its end of the pipe closes with it
         reply.wait_read(5.0)  # the reader sees the end before the pipe is closed here
-        _POOL.give_back(helper, alive=False)
+        with contextlib.suppress(OSError):
+            _POOL.give_back(helper, alive=False)
         return None
     except (EOFError, OSError) as error:
         log.warning("plan helper gone", extra={"error": str(error) or type(error).__name__})
