@@ -286,10 +286,10 @@ def preload(name: str, count: int) -> None:
             (HISTORY_RUN, row[0]),
         )
         conn.execute(
-            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files, "
-            "metrics, labels, pinned, created_at, registered_at, committed_at) "
+            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, tier, size_bytes, "
+            "files, metrics, labels, pinned, created_at, registered_at, committed_at) "
             "SELECT 'ckpt_history_' || g, %s, g, 'milestone', 'active', "
-            "'s3://bench-history/history/step-' || g, 1, '[]', '{}', '{}', false, "
+            "'s3://bench-history/history/step-' || g, 'archive', 1, '[]', '{}', '{}', false, "
             "now(), now(), now() FROM generate_series(1, %s) g",
             (HISTORY_RUN, count),
         )
@@ -706,9 +706,9 @@ def _measure_service(
 # --------------------------------------------------------------------------- the raw peer
 
 INSERT_CHECKPOINT = """
-INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files, metrics,
-    labels, pinned, created_at, registered_at, committed_at)
-VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, %s, false, %s, %s, %s)
+INSERT INTO checkpoints (id, run_id, step, class, state, uri, tier, size_bytes, files,
+    metrics, labels, pinned, created_at, registered_at, committed_at)
+VALUES (%s, %s, %s, %s, 'active', %s, 'hot', %s, %s, %s, %s, false, %s, %s, %s)
 ON CONFLICT DO NOTHING RETURNING id
 """
 INSERT_LOCATION = """

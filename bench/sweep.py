@@ -123,6 +123,7 @@ def load_runs(
                     klass,
                     "active",
                     uri,
+                    "hot",
                     SIZE,
                     metrics,
                     "{}",
@@ -161,6 +162,7 @@ def load_runs(
             "class",
             "state",
             "uri",
+            "tier",
             "size_bytes",
             "metrics",
             "labels",
@@ -211,9 +213,8 @@ def fetch_plan_rows(conn: psycopg.Connection[Any]) -> float:
         conn.cursor(binary=True)
         .execute(
             "SELECT c.id, c.run_id, c.step, c.class, c.size_bytes, c.created_at, c.pinned, "
-            "l.tier, c.protected_until, CAST(c.metrics ->> 'eval_loss' AS FLOAT) "
-            "FROM checkpoints c LEFT JOIN locations l "
-            "ON l.checkpoint_id = c.id AND l.role = 'primary' WHERE c.state = 'active'"
+            "c.tier, c.protected_until, CAST(c.metrics ->> 'eval_loss' AS FLOAT) "
+            "FROM checkpoints c WHERE c.state = 'active'"
         )
         .fetchall()
     )
@@ -291,9 +292,10 @@ def registration_prunes(
         cid = f"ckpt_prune{n:06d}{uuid.uuid4().hex[:8]}"
         created = now - timedelta(minutes=5)
         conn.execute(
-            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, "
+            "INSERT INTO checkpoints (id, run_id, step, class, state, uri, tier, size_bytes, "
             "metrics, labels, pinned, created_at, registered_at, committed_at) VALUES "
-            "(%s, %s, 10000000, 'rolling', 'active', %s, %s, '{}', '{}', false, %s, %s, %s)",
+            "(%s, %s, 10000000, 'rolling', 'active', %s, 'hot', %s, '{}', '{}', false, %s, %s, "
+            "%s)",
             (cid, run_id, f"file:///srv/ckpt/hot/bench/{cid}", 10**12, created, created, created),
         )
         conn.execute(

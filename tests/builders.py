@@ -388,6 +388,7 @@ def active_checkpoint_rows(
         "klass": klass,
         "state": "active",
         "uri": uri,
+        "tier": "hot",
         "size_bytes": size,
         "files": None,
         "metrics": {},

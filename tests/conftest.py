@@ -17,10 +17,10 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, and_, select, text
 
 from app.db.migrate import upgrade
-from app.db.models import Base
+from app.db.models import Base, Checkpoint, Location
 from app.db.session import make_engine
 from app.logging import JsonFormatter
 from app.main import NO_BACKGROUND, create_app
@@ -100,10 +100,27 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def clean_engine(engine: Engine) -> Engine:
-    """The session's database, emptied before the test (`empty`)."""
+def clean_engine(engine: Engine) -> Iterator[Engine]:
+    """The session's database, emptied before the test (`empty`); after it, every
+    checkpoint's row must still name its primary location's tier."""
     empty(engine)
-    return engine
+    yield engine
+    assert tiers_out_of_step(engine) == []
+
+
+def tiers_out_of_step(engine: Engine) -> list[tuple[str, str | None, str | None]]:
+    """Checkpoints whose row's tier (what a plan reads) is not their primary location's
+    (what a worker acts on; None without one): (id, the row's, the primary's). Every
+    test that writes through the service checks this when it ends, so a write that moves
+    one without the other fails the test that made it."""
+    on_primary = and_(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
+    stmt = (
+        select(Checkpoint.id, Checkpoint.tier, Location.tier)
+        .outerjoin(Location, on_primary)
+        .where(Checkpoint.tier.is_distinct_from(Location.tier))
+    )
+    with engine.connect() as conn:
+        return [(cid, row_tier, primary) for cid, row_tier, primary in conn.execute(stmt)]
 
 
 def empty(engine: Engine) -> None:

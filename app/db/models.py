@@ -102,6 +102,11 @@ class Checkpoint(Base):
     klass: Mapped[str] = mapped_column("class", NAME)
     state: Mapped[str] = mapped_column(String(16))
     uri: Mapped[str] = mapped_column(Text)
+    # The primary location's tier, as `uri` is its uri: written with it in every change of
+    # the primary (registration, import, move, re-save; NULL once deleted), so a plan reads
+    # a million checkpoints without joining a million locations. `locations` stays the
+    # truth a worker acts on.
+    tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     files: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app.db.models import Action, Location
+from app.db.models import Action, Checkpoint, Location
 from app.db.session import session_scope
 from app.settings import Settings
 from tests.builders import (
@@ -338,6 +338,11 @@ def simulate_dead_worker(
             session.execute(
                 update(Location)
                 .where(Location.checkpoint_id == checkpoint["id"])
+                .values(tier="cold", uri=dest_uri)
+            )
+            session.execute(  # the switch moves the row's uri and tier with its primary
+                update(Checkpoint)
+                .where(Checkpoint.id == checkpoint["id"])
                 .values(tier="cold", uri=dest_uri)
             )
         session.execute(

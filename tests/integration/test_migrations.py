@@ -170,3 +170,52 @@ def test_reservations_made_before_reserved_until_get_a_full_ttl(
     reserved = rows["ckpt_1"]
     assert reserved is not None
     assert now + timedelta(minutes=29) < reserved < datetime.now(UTC) + timedelta(minutes=31)
+
+
+def test_checkpoints_catalogued_before_the_upgrade_carry_their_primary_tier(
+    fresh_url: str, fresh_engine: Engine
+) -> None:
+    """A plan reads a checkpoint's tier from its row (0014): a catalog written before
+    learns it from the primary location, not from a replica, and a checkpoint whose bytes
+    are gone has none. A missed row would be planned as if it were on no tier."""
+    upgrade(fresh_url, "0013")
+    now = datetime.now(UTC)
+    tables = Base.metadata.tables
+    with fresh_engine.begin() as connection:
+        connection.execute(insert(tables["projects"]).values(id=1, name="p", created_at=now))
+        connection.execute(
+            insert(tables["runs"]).values(
+                id="run_1", project_id=1, name="r", status="active", started_at=now
+            )
+        )
+        placed = {
+            "ckpt_hot": [("hot", "primary")],
+            "ckpt_moved": [("hot", "replica"), ("cold", "primary")],
+            "ckpt_gone": [],
+        }
+        for step, (checkpoint_id, where) in enumerate(placed.items()):
+            connection.execute(
+                insert(tables["checkpoints"]).values(
+                    id=checkpoint_id,
+                    run_id="run_1",
+                    step=step,
+                    state="deleted" if not where else "active",
+                    **{"class": "milestone"},
+                    uri=f"file:///data/{checkpoint_id}",
+                    created_at=now,
+                    registered_at=now,
+                )
+            )
+            for tier, role in where:
+                connection.execute(
+                    insert(tables["locations"]).values(
+                        checkpoint_id=checkpoint_id,
+                        tier=tier,
+                        uri=f"file:///data/{tier}/{checkpoint_id}",
+                        role=role,
+                    )
+                )
+    upgrade(fresh_url)
+    with fresh_engine.connect() as connection:
+        tiers = dict(connection.execute(select(Checkpoint.id, Checkpoint.tier)).all())
+    assert tiers == {"ckpt_hot": "hot", "ckpt_moved": "cold", "ckpt_gone": None}

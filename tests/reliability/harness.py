@@ -487,6 +487,15 @@ class Catalog:
     state: str
     locations: list[tuple[str, str, str]]
     actions: list[tuple[str, str, str, str | None, int, str | None]]  # id kind state step...
+    tier: str | None = None  # the checkpoint row's own record of its primary's tier
+
+    def tier_problems(self) -> list[str]:
+        """The row's tier is its primary location's (None without one), at every moment a
+        transaction left it: a plan reads the row's, a worker acts on the locations."""
+        primary = next((t for t, role, _ in self.locations if role == "primary"), None)
+        if self.tier == primary:
+            return []
+        return [f"the checkpoint's row says tier {self.tier!r}, its primary is on {primary!r}"]
 
     def action(self, action_id: str) -> tuple[str, str, str, str | None, int, str | None]:
         return next(a for a in self.actions if a[0] == action_id)
@@ -510,6 +519,7 @@ def read_catalog(factory: sessionmaker[Session], checkpoint_id: str) -> Catalog:
             checkpoint.state,
             sorted((t, r, u) for t, r, u in locations),
             sorted((i, k, s, st, a, e) for i, k, s, st, a, e in actions),
+            checkpoint.tier,
         )
 
 
@@ -529,14 +539,16 @@ def after_crash(world: World, seeded: Seeded, catalog: Catalog) -> list[str]:
     """Invariant 3 at the moment of death: readable, bytes intact, from a catalogued place.
     A purge is the one action allowed to take bytes away: it may stop half-way."""
     if seeded.scenario.kind == "purge":
-        return [] if catalog.state in ("trashed", "deleted") else [f"state {catalog.state}"]
+        if catalog.state not in ("trashed", "deleted"):
+            return [f"state {catalog.state}"]
+        return catalog.tier_problems()
     if catalog.state in ("deleted",) or not catalog.locations:
         return [f"checkpoint {catalog.state} with locations {catalog.locations}"]
     by_location = {uri: location_problems(world, seeded, uri) for _, _, uri in catalog.locations}
     violations = [f"catalogued {uri} unreadable: {p}" for uri, p in by_location.items() if p]
     if all(by_location.values()):
         violations.insert(0, "no catalogued location is readable")
-    return violations
+    return violations + catalog.tier_problems()
 
 
 def expected_end(world: World, seeded: Seeded) -> tuple[str, list[tuple[str, str, str]]]:
@@ -575,6 +587,7 @@ def at_end(world: World, seeded: Seeded, catalog: Catalog) -> list[str]:
         violations.append(f"checkpoint {catalog.state}, expected {want_state}")
     if catalog.locations != want_locations:
         violations.append(f"locations {catalog.locations}, expected {want_locations}")
+    violations.extend(catalog.tier_problems())
     for _, _, uri in catalog.locations:
         violations.extend(f"catalogued {p}" for p in location_problems(world, seeded, uri))
     expected = {

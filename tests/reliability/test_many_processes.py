@@ -133,6 +133,7 @@ def populate(engine: Engine, data_dir: Path) -> dict[str, tuple[int, int]]:
                         "klass": "milestone",
                         "state": "active",
                         "uri": f"file://{root}",
+                        "tier": "hot",
                         "size_bytes": len(data),
                         "files": [
                             {

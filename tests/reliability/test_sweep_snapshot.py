@@ -90,6 +90,10 @@ def test_a_move_finished_while_a_sweep_evaluates_is_not_planned_again(
             (cold_uri, seeded.checkpoint_id),
         )
         worker.execute(
+            "UPDATE checkpoints SET tier = 'cold', uri = %s WHERE id = %s",
+            (cold_uri, seeded.checkpoint_id),
+        )
+        worker.execute(
             "UPDATE actions SET state = 'done', step = 'switched' WHERE id = %s",
             (seeded.action_id,),
         )

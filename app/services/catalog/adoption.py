@@ -221,6 +221,7 @@ def _write(
             "class": adoption.klass,
             "state": "active",
             "uri": c.uri,
+            "tier": tier.name,
             "size_bytes": c.size_bytes,
             "files": orjson.Fragment(c.files),  # JSON already (Candidate.files)
             "metrics": c.metrics,

@@ -215,6 +215,7 @@ def new_rows(
         "klass": reg.klass,
         "state": "active" if reg.committed else "writing",
         "uri": located.uri,
+        "tier": located.tier.name,
         "size_bytes": size,
         "files": files,
         "metrics": reg.metrics,

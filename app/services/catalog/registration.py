@@ -44,7 +44,7 @@ _PG_INSERT = """
         INSERT INTO checkpoints (id, run_id, step, class, state, uri, size_bytes, files,
                                  metrics, labels, pinned, pin_reason, single_file, created_at,
                                  registered_at, committed_at, created_by, updated_by,
-                                 reserved_until)
+                                 reserved_until, tier)
         SELECT CAST(%(id)s AS VARCHAR), CAST(%(run_id)s AS VARCHAR), CAST(%(step)s AS BIGINT),
                CAST(%(klass)s AS VARCHAR), CAST(%(state)s AS VARCHAR), CAST(%(uri)s AS TEXT),
                CAST(%(size_bytes)s AS BIGINT), CAST(%(files)s AS JSON),
@@ -52,7 +52,7 @@ _PG_INSERT = """
                CAST(%(single_file)s AS BOOLEAN), CAST(%(created_at)s AS TIMESTAMPTZ),
                CAST(%(registered_at)s AS TIMESTAMPTZ), CAST(%(committed_at)s AS TIMESTAMPTZ),
                CAST(%(created_by)s AS VARCHAR), CAST(%(updated_by)s AS VARCHAR),
-               CAST(%(reserved_until)s AS TIMESTAMPTZ)
+               CAST(%(reserved_until)s AS TIMESTAMPTZ), CAST(%(tier)s AS VARCHAR)
         WHERE NOT EXISTS (SELECT 1 FROM o){guard}
         ON CONFLICT DO NOTHING
         RETURNING id, run_id, size_bytes, state

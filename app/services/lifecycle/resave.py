@@ -98,6 +98,7 @@ def take_back(
                 role="primary",
             )
         )
+        checkpoint.tier = located.tier.name  # the row's tier is its primary's, always
     reserve_again(
         session,
         checkpoint,

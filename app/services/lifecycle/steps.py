@@ -356,7 +356,8 @@ def switch(ctx: Context, action_id: str, dest_uri: str) -> None:
             if primary is not None:
                 primary.tier, primary.uri = tier.name, dest_uri
                 primary.storage_class = tier.storage_class
-                checkpoint.uri = dest_uri  # a checkpoint's uri is its primary's, always
+                # a checkpoint's uri and tier are its primary's, always
+                checkpoint.uri, checkpoint.tier = dest_uri, tier.name
         elif on_target is None:
             replica = Location(
                 checkpoint_id=checkpoint.id,

@@ -145,6 +145,7 @@ def purge(ctx: Context, action_id: str) -> None:
             record_removed(session, action_id, checkpoint, ctx.tiers_by_name.get(loc.tier), now)
             session.delete(loc)
         checkpoint.state = CheckpointState.DELETED
+        checkpoint.tier = None  # no primary is left
         checkpoint.updated_by = action.actor
         ledger.close(session, finished, ActionState.DONE, now)
     crash_point("purge.done")
