@@ -349,7 +349,9 @@ def test_a_split_plan_answered_over_http_is_the_plan_of_one_process(
     build(app, shapes)
     if app.state.engine.dialect.name == "postgresql":
         split = planned(app, 2, kept_as_json=True)
-        assert split.kept and split.kept_json  # the helper's range arrived encoded
+        # the helper's range arrived encoded, and this process encoded its own while it
+        # waited for the helper: nothing is left to encode once the plan is made
+        assert split.kept == [] and len(split.kept_json) >= 2
         assert comparable(split) == comparable(planned(app, 1))
 
     def answer(processes: int) -> dict[str, Any]:
