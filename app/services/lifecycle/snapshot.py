@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, null, select
+from sqlalchemy import Select, func, null, select
 from sqlalchemy.orm import Session
 
 from app.db.dialect import fetch_all
@@ -218,7 +218,16 @@ def load_scope(
     names = sorted(metrics or ())
     # The primary tier is on the checkpoint's row (models.Checkpoint.tier): joining every
     # primary location cost a 1M plan 1.3 s of PostgreSQL's CPU, and a lookup per
-    # checkpoint a sweep of a few runs.
+    # checkpoint a sweep of a few runs. A row without it (inserted by the previous release
+    # while this one rolls out) is read through its primary: COALESCE runs the lookup for
+    # those rows alone.
+    primary = (
+        select(Location.tier)
+        .where(Location.checkpoint_id == Checkpoint.id, Location.role == "primary")
+        .order_by(Location.id)
+        .limit(1)
+        .scalar_subquery()
+    )
     ckpt_select = select(
         Checkpoint.id,
         Checkpoint.run_id,
@@ -227,7 +236,7 @@ def load_scope(
         Checkpoint.size_bytes,
         Checkpoint.created_at,
         Checkpoint.pinned,
-        Checkpoint.tier,
+        func.coalesce(Checkpoint.tier, primary),
         Checkpoint.protected_until,
         *(
             [Checkpoint.metrics]
