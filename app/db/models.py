@@ -105,7 +105,9 @@ class Checkpoint(Base):
     # The primary location's tier, as `uri` is its uri: written with it in every change of
     # the primary (registration, import, move, re-save; NULL once deleted), so a plan reads
     # a million checkpoints without joining a million locations. `locations` stays the
-    # truth a worker acts on.
+    # truth a worker acts on. Triggers (migration 0014) carry a primary moved or removed by
+    # any other writer (the previous release during a rollout); a row another writer
+    # inserted without it is read through its primary (snapshot.load_scope).
     tier: Mapped[str | None] = mapped_column(NAME, nullable=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     files: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)

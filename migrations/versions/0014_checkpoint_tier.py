@@ -9,6 +9,9 @@ writer inserts has no tier on its row; a plan then reads its primary's
 (app.services.lifecycle.snapshot). A later migration that rebuilds `locations` on SQLite
 (batch_alter_table) must create these triggers again.
 
+The backfill rewrites every checkpoint row once: 14 s for a million checkpoints on
+PostgreSQL on two cores, the table twice its size until it is vacuumed.
+
 Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-07 12:00:00
