@@ -30,11 +30,12 @@ log = logging.getLogger("app.storage")
 # short enough to finish well within the read timeout.
 COPY_PART = 256 * MiB
 # Upload parts held in memory at once by this whole process, whatever the number of files
-# and uploads running: with 16 MiB parts, 96 MiB. Keeps a worker's peak memory bounded
+# and uploads running: with 16 MiB parts, 80 MiB. Keeps a worker's peak memory bounded
 # however large the checkpoint and however many shards copy in parallel: a worker holds
-# about 130 MiB before its first part, and with 8 parts one 2 GiB upload peaked at 285 MiB,
-# above the 256 MiB it may use.
-BUFFERED_PARTS = 6
+# about 130 MiB before its first part, and one 2 GiB upload peaked at 285 MiB with 8
+# parts, at 231-257 MiB with 6 (over the 256 MiB a worker may use in one run of four),
+# and at 222 MiB with 5, as fast within the noise (bench/README.md, transfer benchmark).
+BUFFERED_PARTS = 5
 _part_budget = threading.BoundedSemaphore(BUFFERED_PARTS)
 
 
