@@ -54,6 +54,7 @@ FLUSH_SECONDS = 2.0  # a stretch ends at least this often once something is sett
 TRAINER_STATE_LIMIT = 64 * 1024 * 1024  # a trainer_state.json larger than this is not read
 PIPE_BYTES = 4 * 1024 * 1024  # the child may run a few batches ahead of the writer
 RENEW: Literal["renew"] = "renew"  # nothing settled for FLUSH_SECONDS: renew the lease
+CLOCK_EVERY = 64  # objects between looks at the clock (each a call, a million of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +118,7 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
                 continue
             current.discovered += 1
             candidate = _candidate(naming, result)
-            if result.layout == "hf" and "trainer_state.json" in dict(result.files):
+            if result.layout == "hf":  # found only with its trainer_state.json (the marker)
                 state = join_key(join_key(job.key, result.key), "trainer_state.json")
                 read = partial(_trainer_metrics, storage, state, result.step)
                 if pool is None:
@@ -139,10 +140,11 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
         flushed = time.monotonic()
         return done
 
+    add, monotonic = recognizer.add, time.monotonic
     for info in storage.iter_prefix(job.key, start_after=job.cursor):
-        key = info.key
+        key = info[0]  # (the named field is a lookup more per object, a million of them)
         current.listed += 1
-        settled_now = recognizer.add(key, info)
+        settled_now = add(key, info)
         if settled_now:
             settle(settled_now)
         open_from = recognizer.open_from
@@ -151,13 +153,16 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
         elif open_from == key and previous is not None:
             settled, settled_listed = previous, current.listed - 1
         previous = key
-        due = time.monotonic() - flushed > FLUSH_SECONDS
-        if len(current.batch) >= BATCH or (due and settled != cursor):
+        if len(current.batch) >= BATCH:
             yield cut(settled, settled_listed)
             cursor = settled
-        elif due:
-            flushed = time.monotonic()
-            yield RENEW
+        elif current.listed % CLOCK_EVERY == 0 and monotonic() - flushed > FLUSH_SECONDS:
+            if settled != cursor:
+                yield cut(settled, settled_listed)
+                cursor = settled
+            else:
+                flushed = monotonic()
+                yield RENEW
     settle(recognizer.finish())
     yield cut(previous if previous is not None else cursor, current.listed)
 
@@ -254,10 +259,16 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
     size = 0
     newest: datetime | None = None
     for name, info in found.files:  # one pass over a million objects, not three
-        files.append(file_entry(name, info))
+        # (a directory's files have no checksums: their entry written here, not called for)
+        files.append(
+            file_entry(name, info)
+            if info.checksums
+            else {"path": name, "size_bytes": info.size_bytes}
+        )
         size += info.size_bytes
-        if info.modified is not None and (newest is None or info.modified > newest):
-            newest = info.modified
+        modified = info.modified
+        if modified is not None and (newest is None or modified > newest):
+            newest = modified
     run, run_uri = naming.run_of(found.run_path)
     return Candidate(
         key=found.key,
