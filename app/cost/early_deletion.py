@@ -112,7 +112,7 @@ def planned_action_cost(
     days = max(0.0, (now - checkpoint.created_at).total_seconds() / DAY_SECONDS)
     if action.kind == "delete":
         early = 0.0  # summed in the tiers' order, as a total of per-tier charges would be
-        for tier in sorted(_held(checkpoint)):
+        for tier in sorted(held_tiers(checkpoint)):
             quote = prices.get(tier)
             if quote is not None:
                 early += early_deletion_usd(action.bytes, days, quote)
@@ -126,7 +126,7 @@ def planned_action_cost(
     )
 
 
-def _held(checkpoint: CheckpointSnapshot) -> Collection[str]:
+def held_tiers(checkpoint: CheckpointSnapshot) -> Collection[str]:
     """Every tier holding the checkpoint (a catalog's snapshot lists its primary among
     them already: then no new set per action of a million-checkpoint plan)."""
     tier = checkpoint.tier
@@ -149,7 +149,7 @@ def planned_storage_change(
         quote = prices.get(tier)
         return quote.usd_month(size) if quote is not None else 0.0
 
-    held = _held(checkpoint)
+    held = held_tiers(checkpoint)
     change: dict[str, float] = {}
     if action.kind == "delete":
         for tier in sorted(held or {action.from_tier or "?"}):

@@ -17,12 +17,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from app.cost.early_deletion import (
-    ActionCost,
-    planned_action_cost,
-    planned_storage_change,
-    skip_costly_demotions,
-)
+from app.cost.action_pricing import ActionPricer
+from app.cost.early_deletion import ActionCost, skip_costly_demotions
 from app.cost.prices import effective_price
 from app.cost.saving_start import saving_starts
 from app.domain.plan import Kept, PlannedAction, Skipped
@@ -165,6 +161,7 @@ def evaluate_scope(inputs: PlanInputs, scope: Scope) -> PlanPart:
     ranks = {t.name: t.rank for t in inputs.tiers}
     prices = {t.name: effective_price(t) for t in inputs.tiers}
     billed = {t.name: t.provider.billed_after_delete for t in inputs.tiers}
+    pricer = ActionPricer(prices, now)
     part = PlanPart()
     per_project: dict[str, list[PlannedAction]] = defaultdict(list)
     notes: dict[tuple[str, str | None, str | None, frozenset[str]], str | None] = {}
@@ -216,8 +213,7 @@ def evaluate_scope(inputs: PlanInputs, scope: Scope) -> PlanPart:
             for i, a in enumerate(actions):
                 checkpoint = by_id[a.checkpoint_id]
                 key = (a.checkpoint_id, a.kind, a.to_tier)
-                part.costs[key] = planned_action_cost(a, checkpoint, prices, now)
-                part.changes[key] = tuple(planned_storage_change(a, checkpoint, prices).items())
+                part.costs[key], part.changes[key] = pricer.price(a, checkpoint)
                 # the same tiers freed the same way say the same: once per plan
                 says = (a.kind, a.from_tier, checkpoint.tier, checkpoint.tiers)
                 if says in notes:
