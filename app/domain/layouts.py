@@ -117,9 +117,15 @@ class _Group(Generic[T]):
     step: int
     files: list[tuple[str, T]] = field(default_factory=list)
     inside: str = ""  # `key/`: what every key of its objects starts with
+    cut: int = 0  # its length: where an object's name in the checkpoint starts
+    # whether every key under `inside` is the checkpoint's (an orbax `<N>/` is a guess
+    # that a deeper number may overturn)
+    settled: bool = True
 
     def __post_init__(self) -> None:
         self.inside = self.key + "/"
+        self.cut = len(self.inside)
+        self.settled = self.layout != "orbax"
 
 
 def normalise(name: str) -> str:
@@ -186,13 +192,13 @@ class Recognizer(Generic[T]):
         # number is a guess, though: a deeper one (`runs/2024/5/`, after a file of
         # `runs/2024/`) is the checkpoint instead.
         if group is not None and key.startswith(group.inside):
-            if group.layout != "orbax":
-                group.files.append((key[len(group.inside) :], info))
+            if group.settled:
+                group.files.append((key[group.cut :], info))
                 return ()
             segments = key.split("/")
             where = self._locate(key, segments)
             if where is not None and "/".join(segments[: where[1] + 1]) == group.key:
-                group.files.append((key[len(group.inside) :], info))
+                group.files.append((key[group.cut :], info))
                 return ()
         if self._skipping is not None and key.startswith(self._skipping + "/"):
             return ()
@@ -241,7 +247,8 @@ class Recognizer(Generic[T]):
                 settled.append(Incomplete(group.key, _MISSING[layout]))
                 return settled
         run_path = group.key.rpartition("/")[0]
-        files = tuple(sorted(group.files, key=lambda file: file[0]))
+        # in order already: the keys came sorted, and share the checkpoint's prefix
+        files = tuple(group.files)
         settled.append(Found(layout, group.key, group.step, run_path, False, files))
         return settled
 
