@@ -1,28 +1,22 @@
-"""The planned actions of an explained plan priced as `planned_action_cost` and
-`planned_storage_change` price them, with what depends only on an action's tiers worked
-out once per plan.
+"""What each planned action of an explained plan costs once, and how it changes each
+tier's monthly bill (section 7b), with what depends only on the action's tiers worked out
+once per plan.
 
 A plan of a million checkpoints prices 200,000 actions, and they share a handful of
 (kind, source, target, tiers held) combinations: looking up their prices, sorting the
 tiers held and building a closure for each action was a fifth of an explained range's
 evaluation. Per action there remains what depends on it: its size and its days on the
-tier. The arithmetic is the reference functions' own, in their order, so every figure is
-the same float (a property test holds them to it).
+tier. A plain one-action-at-a-time model of the same rules (tests/cost/pricing_model.py)
+holds every figure to the same float.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import NamedTuple
 
-from app.cost.early_deletion import (
-    DAY_SECONDS,
-    ActionCost,
-    action_cost,
-    early_deletion_usd,
-    held_tiers,
-)
+from app.cost.early_deletion import DAY_SECONDS, ActionCost, action_cost, early_deletion_usd
 from app.cost.prices import PriceQuote
 from app.domain.plan import CheckpointSnapshot, PlannedAction
 
@@ -59,7 +53,19 @@ class ActionPricer:
     def price(
         self, action: PlannedAction, checkpoint: CheckpointSnapshot
     ) -> tuple[ActionCost, StorageChange]:
-        """(`planned_action_cost`, the items of `planned_storage_change`) of the action."""
+        """(what the action costs once, how it changes each tier's bill: USD a month per
+        tier, never rounded).
+
+        The cost: a delete pays early deletion on every tier holding the checkpoint; a move
+        or a copy reads its primary tier (`action_cost`). Time on a tier is counted from
+        the checkpoint's `created_at` (exact for a checkpoint never moved; a moved one may
+        be charged less than it will be). Tiers without a price cost nothing.
+
+        The bills: a delete frees every location (the primary and each replica), counted
+        from its purge, since trashed bytes are billed until then; a move frees its source
+        and fills its target (unless a replica there is already billed, and becomes the
+        primary); a copy fills its target. A tier without a price changes by 0 but is
+        still listed, as plain 0 (0 - 0.0 is -0.0, which JSON spells "-0.0")."""
         key = (action.kind, action.from_tier, action.to_tier, checkpoint.tier, checkpoint.tiers)
         recipe = self._recipes.get(key)
         if recipe is None:
@@ -88,10 +94,10 @@ class ActionPricer:
 
     def _recipe(self, action: PlannedAction, checkpoint: CheckpointSnapshot) -> _Recipe:
         prices = self.prices
-        held = held_tiers(checkpoint)
+        held = _held(checkpoint)
+        # summed in the tiers' order, as a total of per-tier charges would be
         quotes = tuple(q for t in sorted(held) if (q := prices.get(t)) is not None)
-        # the storage change, as planned_storage_change builds it (later entries of a tier
-        # replace earlier ones in place, as a dictionary's do)
+        # tier by tier (a later entry for a tier replaces an earlier one in place)
         change: dict[str, tuple[bool, PriceQuote | None]] = {}
         if action.kind == "delete":
             for tier in sorted(held or {action.from_tier or "?"}):
@@ -110,3 +116,12 @@ class ActionPricer:
             target=prices.get(action.to_tier or ""),
             change=tuple((tier, freed, quote) for tier, (freed, quote) in change.items()),
         )
+
+
+def _held(checkpoint: CheckpointSnapshot) -> Collection[str]:
+    """Every tier holding the checkpoint (a catalog's snapshot lists its primary among
+    them already: then no new set)."""
+    tier = checkpoint.tier
+    if not tier or tier in checkpoint.tiers:
+        return checkpoint.tiers
+    return checkpoint.tiers | {tier}

@@ -1,7 +1,7 @@
 """An explained plan prices its actions through `ActionPricer`, which works out once per
 plan what depends only on an action's tiers. Whatever it keeps, every action must be
-priced to the same float as the reference functions price it one at a time: a plan's
-figures, its totals and its JSON are built from them."""
+priced to the same float as the plain model of the rules (pricing_model) prices it one at
+a time: a plan's figures, its totals and its JSON are built from them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.cost.action_pricing import ActionPricer
-from app.cost.early_deletion import planned_action_cost, planned_storage_change
 from app.cost.prices import PriceQuote
 from app.domain.plan import CheckpointSnapshot, PlannedAction
+from tests.cost.pricing_model import planned_action_cost, planned_storage_change
 from tests.unit.engine_builders import NOW, make_checkpoint
 
 TIERS = ("hot", "warm", "cold", "archive")
@@ -63,7 +63,7 @@ def priced_actions(draw: st.DrawFn) -> tuple[PlannedAction, CheckpointSnapshot]:
 
 
 @given(prices=price_lists, actions=st.lists(priced_actions(), min_size=1, max_size=12))
-def test_every_action_is_priced_as_the_reference_prices_it(
+def test_every_action_is_priced_as_the_plain_model_prices_it(
     prices: dict[str, PriceQuote], actions: list[tuple[PlannedAction, CheckpointSnapshot]]
 ) -> None:
     """One pricer for many actions, as a plan uses it: combinations repeat with other

@@ -7,23 +7,23 @@ S3 Standard $0.023, Glacier Instant Retrieval $0.004 (90 days) per GB-month."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.cost.action_pricing import ActionPricer
 from app.cost.early_deletion import (
+    ActionCost,
     action_cost,
     early_deletion_usd,
-    planned_action_cost,
-    planned_storage_change,
     skip_costly_demotions,
     weigh_demotion,
 )
 from app.cost.prices import PriceQuote, effective_price
-from app.domain.plan import Plan
+from app.domain.plan import CheckpointSnapshot, Plan, PlannedAction
 from app.policy.engine import evaluate
 from tests.cost.helpers import TB, tier
 from tests.unit.engine_builders import (
@@ -44,6 +44,20 @@ FREE = {name: PriceQuote() for name in TIER_RANKS}
 
 
 # --- pricing one action -------------------------------------------------------------------
+
+
+def planned_action_cost(
+    action: PlannedAction, c: CheckpointSnapshot, prices: dict[str, PriceQuote], now: datetime
+) -> ActionCost:
+    """An explained plan's price of one action."""
+    return ActionPricer(prices, now).price(action, c)[0]
+
+
+def planned_storage_change(
+    action: PlannedAction, c: CheckpointSnapshot, prices: dict[str, PriceQuote]
+) -> dict[str, float]:
+    """An explained plan's change of each tier's bill by one action."""
+    return dict(ActionPricer(prices, NOW).price(action, c)[1])
 
 
 def test_a_move_pays_retrieval_early_deletion_and_requests() -> None:
