@@ -259,12 +259,7 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
     size = 0
     newest: datetime | None = None
     for name, info in found.files:  # one pass over a million objects, not three
-        # (a directory's files have no checksums: their entry written here, not called for)
-        files.append(
-            file_entry(name, info)
-            if info.checksums
-            else {"path": name, "size_bytes": info.size_bytes}
-        )
+        files.append(file_entry(name, info))
         size += info.size_bytes
         modified = info.modified
         if modified is not None and (newest is None or modified > newest):
