@@ -49,6 +49,7 @@ class Tree:
     runs: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    synced_s: float = 0.0  # how long its write-back took after `seconds` (os.sync)
     layouts: dict[str, int] | None = None
 
 

@@ -5,7 +5,8 @@
 1. Moves of a 2 GiB checkpoint of 16 shards, then of one 2 GiB object (`--big-gib`),
    local -> S3 and S3 -> S3 (another bucket), each a real ledger action planned by
    `ckpt sweep` and executed by `ckpt worker --once`, against `s5cmd cp` and `rclone copy`
-   of the same files, on `rclone serve s3` (`--server moto` for moto instead). The
+   of the same files (S3 -> S3 also `s5cmd mv` and `rclone move`, which remove the source
+   as the service does), on `rclone serve s3` (`--server moto` for moto instead). The
    service's time is the transfer's own, from claim to `done` (copy, verification, catalog
    switch and source removal, each reported), as a long-lived worker spends it; the
    process's whole run and an idle worker's start-up are reported beside it. Every move
@@ -51,6 +52,7 @@ from bench.transfer_parts import (
     Moved,
     Service,
     moto_server,
+    settle_disk,
     timed,
 )
 
@@ -88,8 +90,8 @@ def move_case(
     s3_to_s3: bool = True,
 ) -> dict[str, Any]:
     """The service's moves of one checkpoint (local -> S3, then S3 -> S3 unless told not
-    to), then each peer's copies of the same files (`local`: a file or a directory), every
-    result checked."""
+    to), then each peer's copies of the same files (`local`: a file or a directory) and,
+    S3 -> S3, its move of them, every result checked."""
     targets = ("s3a", "s3b") if s3_to_s3 else ("s3a",)
     service_moves: list[Moved] = [service.move(checkpoint_id, t) for t in targets]
     rclone_env = {
@@ -106,33 +108,49 @@ def move_case(
         s5_cmds = (
             [*s5, "cp", f"{local}/*", "s3://s5-a/ckpt/"],
             [*s5, "cp", "s3://s5-a/ckpt/*", "s3://s5-b/ckpt/"],
+            [*s5, "mv", "s3://s5-a/ckpt/*", "s3://s5-b/ckpt/"],
         )
         rclone_cmds = (
             [*rclone, "copy", str(local), "srv:rc-a/ckpt"],
             [*rclone, "copy", "srv:rc-a/ckpt", "srv:rc-b/ckpt"],
+            [*rclone, "move", "srv:rc-a/ckpt", "srv:rc-b/ckpt"],
         )
     else:
         name = local.name
         s5_cmds = (
             [*s5, "cp", str(local), f"s3://s5-a/ckpt/{name}"],
             [*s5, "cp", f"s3://s5-a/ckpt/{name}", f"s3://s5-b/ckpt/{name}"],
+            [*s5, "mv", f"s3://s5-a/ckpt/{name}", f"s3://s5-b/ckpt/{name}"],
         )
         rclone_cmds = (
             [*rclone, "copyto", str(local), f"srv:rc-a/ckpt/{name}"],
             [*rclone, "copyto", f"srv:rc-a/ckpt/{name}", f"srv:rc-b/ckpt/{name}"],
+            [*rclone, "moveto", f"srv:rc-a/ckpt/{name}", f"srv:rc-b/ckpt/{name}"],
         )
     peers: dict[str, list[float]] = {}
-    for peer, (first, second), env, prefix in (
+    peer_moves: dict[str, float] = {}
+    for peer, (first, second, move), env, prefix in (
         ("s5cmd", s5_cmds, dict(os.environ), "s5"),
         ("rclone", rclone_cmds, rclone_env, "rc"),
     ):
+        a, b = f"{prefix}-a", f"{prefix}-b"
         peers[peer] = [timed(first, env)] + ([timed(second, env)] if s3_to_s3 else [])
-        for bucket in (f"{prefix}-a", f"{prefix}-b")[: len(targets)]:
+        for bucket in (a, b)[: len(targets)]:
             if stored(s3, bucket, "ckpt") != files:
                 raise SystemExit(f"{peer} left {bucket} incomplete")
             empty(s3, bucket)
+        if s3_to_s3:
+            # the service's work: the source removed once copied. Timed where the copy
+            # was, right after the files' upload (a source read once already copies faster)
+            timed(first, env)
+            peer_moves[peer] = timed(move, env)
+            if stored(s3, b, "ckpt") != files or stored(s3, a, "ckpt"):
+                raise SystemExit(f"{peer}'s move left {b} incomplete or {a} not empty")
+            empty(s3, b)
     best = [min(p[i] for p in peers.values()) for i in range(len(targets))]
     result: dict[str, Any] = {"peers_s": peers}
+    if peer_moves:
+        result["peer_moves_s"] = {k: round(v, 2) for k, v in peer_moves.items()}
     total = sum(files.values())
     for i, label in enumerate(("local_to_s3", "s3_to_s3")[: len(targets)]):
         moved = service_moves[i]
@@ -145,6 +163,14 @@ def move_case(
             "best_peer_s": round(best[i], 2),
             "ratio": round(best[i] / warm, 2),
             "ratio_whole_process": round(best[i] / moved.process_s, 2),
+            **(
+                {
+                    "best_peer_move_s": round(min(peer_moves.values()), 2),
+                    "ratio_to_peer_move": round(min(peer_moves.values()) / warm, 2),
+                }
+                if label == "s3_to_s3"
+                else {}
+            ),
             "worker_peak_rss_MiB": round(moved.peak_rss / MiB, 1),
         }
     return result
@@ -320,6 +346,7 @@ def main() -> None:
                 (folder / f"o{i:06d}").write_bytes(b"x")
         with rclone_s3(served, work / "rclone.log") as (rclone_url, _pid):
             storage = S3Storage("del", "", endpoint_url=rclone_url)
+            settle_disk()  # as `timed` does before the peer
             started = time.perf_counter()
             deleted = storage.delete_prefix("svc")
             ours = time.perf_counter() - started
