@@ -268,9 +268,8 @@ def parse_args() -> argparse.Namespace:
         "--rounds",
         type=int,
         default=2,
-        help="times the peers and the import are measured on each tree, one after the other: "
-        "the first round comes right after the tree was written, and on a shared virtual "
-        "machine the whole machine may still be slower then",
+        help="times the peers and the import are measured on each tree, one round after the "
+        "other: how far the same measurement moves within minutes on this machine",
     )
     parser.add_argument(
         "--tmp", type=Path, default=None, help="where to write the trees (default: a temp dir)"

@@ -155,6 +155,13 @@ def move_case(
     for i, label in enumerate(("local_to_s3", "s3_to_s3")[: len(targets)]):
         moved = service_moves[i]
         warm = moved.phases["total_s"]
+        against_moves: dict[str, float] = {}
+        if label == "s3_to_s3":
+            best_move = min(peer_moves.values())
+            against_moves = {
+                "best_peer_move_s": round(best_move, 2),
+                "ratio_to_peer_move": round(best_move / warm, 2),
+            }
         result[label] = {
             "service_s": warm,
             "phases_s": {k: v for k, v in moved.phases.items() if k != "total_s"},
@@ -163,14 +170,7 @@ def move_case(
             "best_peer_s": round(best[i], 2),
             "ratio": round(best[i] / warm, 2),
             "ratio_whole_process": round(best[i] / moved.process_s, 2),
-            **(
-                {
-                    "best_peer_move_s": round(min(peer_moves.values()), 2),
-                    "ratio_to_peer_move": round(min(peer_moves.values()) / warm, 2),
-                }
-                if label == "s3_to_s3"
-                else {}
-            ),
+            **against_moves,
             "worker_peak_rss_MiB": round(moved.peak_rss / MiB, 1),
         }
     return result
