@@ -280,7 +280,12 @@ def main() -> int:
     # the process checkpointer's own process group meets on MASTER_ADDR (else this host's
     # name, which a sandbox may not resolve)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    store_path = os.path.join(tempfile.mkdtemp(prefix="dcp-store-"), "store")
+    # the ranks' rendezvous file, removed with its directory once every rank is done
+    with tempfile.TemporaryDirectory(prefix="dcp-store-") as store_dir:
+        return _run(args, os.path.join(store_dir, "store"))
+
+
+def _run(args: argparse.Namespace, store_path: str) -> int:
     if args.world == 1:
         train(0, args, store_path)
         return 0
