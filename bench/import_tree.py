@@ -186,6 +186,14 @@ def time_s5cmd(endpoint: str, url: str) -> tuple[float, int]:
 # --------------------------------------------------------------------------- rclone
 
 
+def settle_disk() -> None:
+    """Write back what earlier steps left in the page cache before the next is timed. A
+    step that writes gigabytes (a tree of a million files, a 2 GiB move) would otherwise
+    have its write-back fall inside whichever step comes next, the service's or a peer's,
+    and that step's time would depend on what ran before it."""
+    os.sync()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -39,6 +39,7 @@ from bench.import_tree import (  # noqa: E402
     memory_kib,
     process_cpu,
     rclone_s3,
+    settle_disk,
     time_find,
     time_s5cmd,
     time_scandir,
@@ -295,10 +296,8 @@ def main() -> None:
         for count in sorted({c for c in (small, args.count) if c > 0}):
             print(f"writing a tree of {count:,} checkpoints ...", flush=True)
             tree = build_tree(tier_root / f"tree-{count}", count)
-            # the tree's write-back would otherwise go on under the peers and the import,
-            # and the disk it contends for is the one PostgreSQL commits to
             synced = time.perf_counter()
-            os.sync()
+            settle_disk()
             tree.synced_s = time.perf_counter() - synced
             print(
                 f"  {tree.objects:,} objects in {tree.seconds:.1f} s, "

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.storage.limits import S3_MAX_SINGLE_COPY
 from app.storage.s3 import S3Storage
-from bench.import_tree import memory_kib, rclone_s3
+from bench.import_tree import memory_kib, rclone_s3, settle_disk
 from bench.transfer_parts import (
     BIN,
     ENV,
@@ -52,7 +52,6 @@ from bench.transfer_parts import (
     Moved,
     Service,
     moto_server,
-    settle_disk,
     timed,
 )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bench.import_tree import S3_ENV, free_port
+from bench.import_tree import S3_ENV, free_port, settle_disk
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -240,14 +240,6 @@ class Moved:
     process_s: float
     peak_rss: int
     phases: dict[str, float]
-
-
-def settle_disk() -> None:
-    """Write back what earlier steps left in the page cache before the next is timed. Each
-    step writes up to 2 GiB on one disk: without this, the write-back of the step before
-    falls inside whichever step comes next, the service's or a peer's, and a step's time
-    depends on what ran before it."""
-    os.sync()
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
