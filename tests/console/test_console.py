@@ -49,7 +49,9 @@ def test_find_a_run_open_it_and_pin_a_checkpoint(
     checkpoint = catalog.checkpoints[("gpt-small", 1000)]
     stored = admin_api.get(f"/v1/checkpoints/{checkpoint['id']}").json()
     assert stored["pinned"] is True and stored["pin_reason"] == "the paper's results"
+    # the page reloads to show the pin, and the service's answer stays on screen
     expect(page.get_by_role("button", name="Unpin step 1000")).to_be_visible()
+    expect(page.get_by_role("status")).to_contain_text("Step 1000 is pinned (the paper's results)")
 
 
 def test_restore_onto_hot_and_watch_the_action_finish(

@@ -131,6 +131,23 @@ export function debounce(fn, ms) {
   };
 }
 
+// What a change said, kept for the next render of the page: the page reloads after a
+// change to show its effect, and the admin must still read what the service answered.
+let carried = { hash: null, nodes: [] };
+
+// Load the page shown afresh, keeping what `out` says on the new render (see `carriedNotice`).
+export function reloadKeeping(out) {
+  carried = { hash: window.location.hash, nodes: [...out.childNodes] };
+  go(window.location.hash);
+}
+
+// The notice a reload kept for this page, once: a later visit starts clean.
+export function carriedNotice() {
+  const { hash, nodes } = carried;
+  carried = { hash: null, nodes: [] };
+  return hash === window.location.hash ? nodes : [];
+}
+
 // Show `hash`; asking again for the page already shown loads it afresh.
 export function go(hash) {
   if (window.location.hash === hash) window.dispatchEvent(new HashChangeEvent("hashchange"));

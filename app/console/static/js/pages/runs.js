@@ -2,7 +2,7 @@
 // (the run's dry-run plan), and the changes an admin can make to each.
 import { all, api, query, session } from "../api.js";
 import { stepChart } from "../charts.js";
-import { badge, bytes, change, filterForm, go, h, notice, problemNotice, table, when } from "../ui.js";
+import { badge, bytes, carriedNotice, change, filterForm, h, notice, problemNotice, reloadKeeping, table, when } from "../ui.js";
 
 const STATUSES = ["", "active", "completed", "failed"];
 
@@ -65,8 +65,8 @@ export async function runPage(params, runId) {
     planProblem = error;
   }
   const fate = fates(plan);
-  const out = h("div", { "aria-live": "polite" });
-  const refresh = () => setTimeout(() => go(window.location.hash), 50);
+  const out = h("div", { "aria-live": "polite" }, carriedNotice());
+  const refresh = () => reloadKeeping(out);
   const byStep = [...checkpoints].sort((a, b) => a.step - b.step);
   return h(
     "div",
