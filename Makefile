@@ -27,7 +27,7 @@ screenshots: $(STAMP)
 	bash tests/console/chromium.sh
 	CKPT_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -p no:xdist tests/console/test_screenshots.py -k sqlite
 
-# Two schedulers and four workers on PostgreSQL over 50,000 actions (`make test` runs 5,000).
+# Two schedulers and four workers on PostgreSQL over 50,000 actions (`make test` runs 2,000).
 soak: $(STAMP)
 	CKPT_TEST_CONCURRENCY_RUNS=$${CKPT_TEST_CONCURRENCY_RUNS:-5000} CKPT_TEST_REQUIRE_POSTGRES=true \
 		$(BIN)/pytest -p no:xdist tests/reliability/test_many_processes.py

@@ -5,7 +5,7 @@ lost, nobody deadlocks, and the two schedulers' sweeps never run at the same tim
 The catalog: RUNS completed runs of 10 milestones each on `hot`, under a policy that moves
 every milestone of an ended run to `cold`, so each checkpoint gets exactly one action and
 every execution is observable: the file appears on `cold` and leaves `hot`. `make test` runs
-500 runs (5,000 actions); `CKPT_TEST_CONCURRENCY_RUNS` changes that.
+200 runs (2,000 actions); `CKPT_TEST_CONCURRENCY_RUNS` changes that (`make soak`: 50,000).
 
 Both schedulers are made to sweep at the same moment: the test holds the sweep's advisory
 lock until PostgreSQL shows both waiting for it, then lets go. Concurrent identical
@@ -43,7 +43,7 @@ from tests.conftest import create_pg_database, drop_pg_database, postgres_url
 from tests.figures import FIGURES
 
 CKPT = Path(sys.executable).parent / "ckpt"
-RUNS = int(os.environ.get("CKPT_TEST_CONCURRENCY_RUNS", "500"))
+RUNS = int(os.environ.get("CKPT_TEST_CONCURRENCY_RUNS", "200"))
 STEPS = 10
 SCHEDULERS = 2
 WORKERS = 4
