@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -113,6 +114,12 @@ def test_a_stricter_draft_is_backtested_with_its_regrets(
     run.click()
     expect(panel.get_by_text("Replaying the catalog's history under the draft…")).to_be_visible()
     expect(run).to_be_disabled()
+    # the busy state can show before Playwright has handed the request to the route:
+    # wait for that (each wait lets it deliver its events), then for nothing else
+    deadline = time.monotonic() + 30
+    while not held:
+        assert time.monotonic() < deadline, "the backtest request never reached the route"
+        page.wait_for_timeout(20)
     assert len(held) == 1
     sent = held[0].request.post_data_json
     assert (
