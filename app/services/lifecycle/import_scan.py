@@ -19,10 +19,12 @@ cost, and the store's client (and any its tier was given) stays in this process.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
 import pickle
+import select
 import subprocess
 import sys
 import time
@@ -171,10 +173,15 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
 
 
 @contextlib.contextmanager
-def scan_in_child(job: ScanJob) -> Iterator[Iterator[Piece]]:
+def scan_in_child(job: ScanJob, *, patience: float | None = None) -> Iterator[Iterator[Piece]]:
     """`scan` of a local tier's tree, run by `python -m app.services.lifecycle.import_scan`;
     the child is killed when the caller leaves (done, stopped or failed), and dies on its
-    own when this process does (its next write finds the pipe closed)."""
+    own when this process does (its next write finds the pipe closed).
+
+    A child that sends nothing for `patience` seconds while this process waits for it
+    (stopped for good, or stuck on a file system that stopped answering) is given up: the
+    listing fails, naming it, instead of waiting for ever. The importer's patience is its
+    lease: by then the lease has lapsed, and the import is another process's to take."""
     proc = subprocess.Popen(
         [sys.executable, "-m", __name__, json.dumps(asdict(job))],
         stdin=subprocess.DEVNULL,
@@ -183,12 +190,43 @@ def scan_in_child(job: ScanJob) -> Iterator[Iterator[Piece]]:
     )
     assert proc.stdout is not None
     _widen(proc.stdout)
+    pipe = io.BufferedReader(_PatientPipe(proc.stdout.fileno(), patience), PIPE_BYTES)
     try:
-        yield _received(proc, proc.stdout)
+        yield _received(proc, pipe)
     finally:
-        proc.kill()
+        proc.kill()  # a stopped process too
         proc.wait()
         proc.stdout.close()
+
+
+class ListingSilent(RuntimeError):
+    """The listing process sent nothing for its patience."""
+
+    def __init__(self, patience: float) -> None:
+        super().__init__(
+            f"the listing process sent nothing for {patience:g} s (stopped, or stuck on "
+            "the file system) and was given up; import the tree again to go on"
+        )
+
+
+class _PatientPipe(io.RawIOBase):
+    """The read end of the child's pipe, each read waiting `patience` seconds at most
+    (None: for ever). Read through a buffer, so that an unpickling stalled mid-message
+    gives up as one stalled between messages does. The descriptor stays the caller's."""
+
+    def __init__(self, fd: int, patience: float | None) -> None:
+        self.fd = fd
+        self.patience = patience
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.patience is not None:
+            ready, _, _ = select.select([self.fd], [], [], self.patience)
+            if not ready:
+                raise ListingSilent(self.patience)
+        return os.readv(self.fd, [buffer])
 
 
 def _received(proc: subprocess.Popen[bytes], pipe: IO[bytes]) -> Iterator[Piece]:

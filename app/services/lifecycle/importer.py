@@ -175,7 +175,8 @@ class Importer:
             contextlib.ExitStack() as stack,
         ):
             if tier.is_local:
-                pieces = stack.enter_context(scan_in_child(job))
+                patience = self.lease.total_seconds()  # silent that long: the lease lapsed
+                pieces = stack.enter_context(scan_in_child(job, patience=patience))
             else:
                 pieces = scan(self.storages.storage_for(tier), job, pool)
             adoption = Adoption(
