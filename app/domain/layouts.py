@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -183,6 +183,18 @@ class Recognizer(Generic[T]):
         """The first key of the checkpoint still being gathered (or skipped), None when
         every key added so far is settled: what a resumed listing must start before."""
         return self._open_from
+
+    def gathering(self) -> tuple[str, int, Callable[[tuple[str, T]], object]] | None:
+        """The checkpoint being gathered, when every key under its directory is its own
+        (not an orbax `<N>/`, which a deeper number may overturn): that directory's key
+        with a `/`, its length, and the append of its objects. For each key that starts
+        with it, `add` only appends `(key[length:], info)`, settles nothing and opens
+        nothing: a caller feeding a million keys may do that itself, without a call per
+        key, until its next `add` (or `finish`) replaces the checkpoint."""
+        group = self._group
+        if group is None or not group.settled:
+            return None
+        return group.inside, group.cut, group.files.append
 
     def add(self, key: str, info: T) -> Sequence[Found[T] | Incomplete]:
         """What adding `key` settled: usually nothing, returned as such rather than as a

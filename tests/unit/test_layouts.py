@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from unittest.mock import patch
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from app.domain import layouts
@@ -257,3 +257,33 @@ def test_what_a_recognizer_remembers_of_directory_names_changes_nothing_it_repor
     assert summary(forgetful[0]) == summary(remembered[0])
     assert [f.files for f in forgetful[0]] == [f.files for f in remembered[0]]
     assert forgetful[1:] == remembered[1:]
+
+
+@given(keys=tree_keys, layout=st.sampled_from(["auto", *LAYOUTS]))
+# an orbax guess (`7/`) that a deeper number overturns: nothing of it is appended blindly
+@example(keys={"7/_CHECKPOINT_METADATA", "7/12/_CHECKPOINT_METADATA", "7/12/x.bin"}, layout="auto")
+@example(keys={"run/7/.metadata", "run/7/12/x.bin", "run/7/a.txt"}, layout="orbax")
+def test_appending_what_is_gathered_without_add_reports_what_add_reports(
+    keys: set[str], layout: str
+) -> None:
+    """An import's listing appends the objects of the checkpoint being gathered itself
+    (`gathering`), calling `add` only for the keys outside it: the checkpoints, their
+    files, the incomplete ones, the unrecognised count and, after every key, where a
+    resumed listing must start (`open_from`) are those of a call of `add` per key."""
+    ordered = sorted(k for k in keys if not any(o.startswith(k + "/") for o in keys))
+    each: Recognizer[int] = Recognizer(layout)
+    shortcut: Recognizer[int] = Recognizer(layout)
+    by_add: list[Found[int] | Incomplete] = []
+    by_shortcut: list[Found[int] | Incomplete] = []
+    for key in ordered:
+        by_add.extend(each.add(key, len(key)))
+        gathering = shortcut.gathering()
+        if gathering is not None and key.startswith(gathering[0]):
+            gathering[2]((key[gathering[1] :], len(key)))
+        else:
+            by_shortcut.extend(shortcut.add(key, len(key)))
+        assert shortcut.open_from == each.open_from
+    by_add.extend(each.finish())
+    by_shortcut.extend(shortcut.finish())
+    assert by_shortcut == by_add
+    assert shortcut.unrecognized == each.unrecognized

@@ -143,17 +143,24 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
         return done
 
     add, monotonic = recognizer.add, time.monotonic
+    # The checkpoint being gathered (Recognizer.gathering): its objects, most of a tree's,
+    # are appended here without a call of `add` each (half the listing process's Python)
+    inside, length, append = "\0", 0, None
     for info in storage.iter_prefix(job.key, start_after=job.cursor):
         key = info[0]  # (the named field is a lookup more per object, a million of them)
         current.listed += 1
-        settled_now = add(key, info)
-        if settled_now:
-            settle(settled_now)
-        open_from = recognizer.open_from
-        if open_from is None:
-            settled, settled_listed = key, current.listed
-        elif open_from == key and previous is not None:
-            settled, settled_listed = previous, current.listed - 1
+        if append is not None and key.startswith(inside):
+            append((key[length:], info))  # settles nothing, opens nothing: `settled` holds
+        else:
+            settled_now = add(key, info)
+            if settled_now:
+                settle(settled_now)
+            open_from = recognizer.open_from
+            if open_from is None:
+                settled, settled_listed = key, current.listed
+            elif open_from == key and previous is not None:
+                settled, settled_listed = previous, current.listed - 1
+            inside, length, append = recognizer.gathering() or ("\0", 0, None)
         previous = key
         if len(current.batch) >= BATCH:
             yield cut(settled, settled_listed)
@@ -297,9 +304,12 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
     size = 0
     newest: datetime | None = None
     for name, info in found.files:  # one pass over a million objects, not three
-        files.append(file_entry(name, info))
-        size += info.size_bytes
-        modified = info.modified
+        _, size_bytes, _, checksums, modified = info  # (one unpacking, not three lookups)
+        # a local file's entry built here: a call per object was a tenth of the listing
+        # process's Python
+        entry = {"path": name, "size_bytes": size_bytes} if not checksums else None
+        files.append(entry or file_entry(name, info))
+        size += size_bytes
         if modified is not None and (newest is None or modified > newest):
             newest = modified
     run, run_uri = naming.run_of(found.run_path)
