@@ -121,6 +121,7 @@ class _Group(Generic[T]):
     # whether every key under `inside` is the checkpoint's (an orbax `<N>/` is a guess
     # that a deeper number may overturn)
     settled: bool = True
+    joined: str | None = None  # the last directory found to belong to an unsettled guess
 
     def __post_init__(self) -> None:
         self.inside = self.key + "/"
@@ -207,10 +208,17 @@ class Recognizer(Generic[T]):
             if group.settled:
                 group.files.append((key[group.cut :], info))
                 return ()
+            # A directory that joined the guess says the same of its next file, unless
+            # that file is named like a Lightning checkpoint.
+            directory = key.rpartition("/")[0]
+            if directory == group.joined and not key.endswith(".ckpt"):
+                group.files.append((key[group.cut :], info))
+                return ()
             segments = key.split("/")
             where = self._locate(key, segments)
             if where is not None and "/".join(segments[: where[1] + 1]) == group.key:
                 group.files.append((key[group.cut :], info))
+                group.joined = directory
                 return ()
         if self._skipping is not None and key.startswith(self._skipping + "/"):
             return ()

@@ -287,3 +287,18 @@ def test_appending_what_is_gathered_without_add_reports_what_add_reports(
     by_shortcut.extend(shortcut.finish())
     assert by_shortcut == by_add
     assert shortcut.unrecognized == each.unrecognized
+
+
+def test_a_lightning_file_among_an_orbax_steps_files_is_a_checkpoint_of_its_own() -> None:
+    """An orbax `<N>/` is a guess its files join one by one (a directory that joined says
+    the same of its next file); a file named like a Lightning checkpoint does not join it,
+    even after files of the same directory did."""
+    keys = ["run/7/_CHECKPOINT_METADATA", "run/7/a.bin", "run/7/b.bin"]
+    keys += ["run/7/epoch=0-step=4.ckpt", "run/7/z.bin"]
+    found, incomplete, unrecognized = recognise(keys)
+    assert summary(found) == [
+        ("orbax", "run/7", 7, "run"),
+        ("lightning", "run/7/epoch=0-step=4.ckpt", 4, "run/7"),
+    ]
+    assert found[0].names == ("_CHECKPOINT_METADATA", "a.bin", "b.bin")
+    assert incomplete == [] and unrecognized == 1  # z.bin: the listing has left run/7
