@@ -144,7 +144,8 @@ def scan(storage: Storage, job: ScanJob, pool: ThreadPoolExecutor | None = None)
 
     add, monotonic = recognizer.add, time.monotonic
     # The checkpoint being gathered (Recognizer.gathering): its objects, most of a tree's,
-    # are appended here without a call of `add` each (half the listing process's Python)
+    # are appended here without a call of `add` each (that call and the bookkeeping after
+    # it were 0.5 s of the listing process's 3.9 s of Python at 957,050 objects)
     inside, length, append = "\0", 0, None
     for info in storage.iter_prefix(job.key, start_after=job.cursor):
         key = info[0]  # (the named field is a lookup more per object, a million of them)
@@ -305,8 +306,7 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
     newest: datetime | None = None
     for name, info in found.files:  # one pass over a million objects, not three
         _, size_bytes, _, checksums, modified = info  # (one unpacking, not three lookups)
-        # a local file's entry built here: a call per object was a tenth of the listing
-        # process's Python
+        # a local file's entry built here, without a call per object
         entry = {"path": name, "size_bytes": size_bytes} if not checksums else None
         files.append(entry or file_entry(name, info))
         size += size_bytes
