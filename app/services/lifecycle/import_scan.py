@@ -305,11 +305,9 @@ def _candidate(naming: _Naming, found: Found[ObjectInfo]) -> Candidate:
     size = 0
     newest: datetime | None = None
     for name, info in found.files:  # one pass over a million objects, not three
-        _, size_bytes, _, checksums, modified = info  # (one unpacking, not three lookups)
-        # a local file's entry built here, without a call per object
-        entry = {"path": name, "size_bytes": size_bytes} if not checksums else None
-        files.append(entry or file_entry(name, info))
-        size += size_bytes
+        files.append(file_entry(name, info))
+        size += info.size_bytes
+        modified = info.modified
         if modified is not None and (newest is None or modified > newest):
             newest = modified
     run, run_uri = naming.run_of(found.run_path)
